@@ -1,0 +1,5 @@
+import sys
+
+from nereus.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Elastic Model Units: layouts, shard rules, transfer plans and primitive records (pure)."""

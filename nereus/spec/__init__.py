@@ -1,0 +1,1 @@
+"""Specs: models, hardware, clusters, RL workflows, jobs and plans (pure data)."""

@@ -1,0 +1,78 @@
+"""An RL post-training job: models, algorithm, batch and sequence lengths, controller knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.model import ModelSpec
+from nereus.spec.workflow import Workflow, build_workflow
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    """Knobs of the monitor → replan → admit loop (DESIGN.md §2.1)."""
+
+    delta_len: float = 0.30  # relative drift of generated length that triggers a replan
+    delta_efficiency: float = 0.20  # relative drift of achieved efficiency
+    gamma: float = 0.5  # payback fraction of the expected interval H_x; 0 admits urgent only
+    memory_headroom: float = 0.10  # feasible iff peak ≤ (1 - headroom) · capacity
+    calibration_alpha: float = 0.5  # EMA weight of a new calibration sample
+    horizon_alpha: float = 0.5  # EMA weight of a new interval between threshold crossings
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    algorithm: str  # "ppo" | "grpo" | "remax"
+    mode: str  # "sync" | "async"
+    models: tuple[tuple[str, ModelSpec], ...]  # (role, architecture) for every role used
+    global_batch: int  # prompts per step
+    prompt_len: int  # tokens
+    gen_len: int  # mean generated tokens per response
+    gen_len_p95: int = 0  # 0: same as gen_len
+    samples_per_prompt: int = 1  # GRPO group size
+    minibatches: int = 1  # optimizer updates per step (PPO mini-batches)
+    dtype_bytes: int = 2  # bf16
+    reward_model: bool = True
+    actor_inf: bool = False
+    controller: ControllerSpec = field(default_factory=ControllerSpec)
+
+    def model(self, role: str) -> ModelSpec:
+        for r, m in self.models:
+            if r == role:
+                return m
+        raise KeyError(role)
+
+    @property
+    def workflow(self) -> Workflow:
+        return build_workflow(
+            self.algorithm,
+            self.mode,
+            reward_model=self.reward_model,
+            samples_per_prompt=self.samples_per_prompt,
+            actor_inf=self.actor_inf,
+        )
+
+    @property
+    def seq_len(self) -> int:
+        """Prompt plus generated tokens of one sequence (the mean)."""
+        return self.prompt_len + self.gen_len
+
+    @property
+    def max_seq_len(self) -> int:
+        """Prompt plus the p95 of generated tokens: what memory is sized for."""
+        return self.prompt_len + (self.gen_len_p95 or self.gen_len)
+
+    def sequences(self, sequences_per_prompt: int) -> int:
+        return self.global_batch * sequences_per_prompt
+
+    def sequences_per_update(self, sequences_per_prompt: int) -> int:
+        return self.global_batch * sequences_per_prompt // self.minibatches
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything the planner needs: the job and the cluster it runs on."""
+
+    job: JobSpec
+    cluster: ClusterSpec

@@ -1,0 +1,133 @@
+"""Transformer architectures (decoder-only, Megatron-core GPT layout) and their parameter counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One decoder-only transformer architecture.
+
+    The layout follows Megatron-core's GPTModel: fused QKV (``num_kv_heads`` groups), an optional
+    fused gate/up MLP (SwiGLU), RMSNorm or LayerNorm, untied or tied input/output embeddings.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    gated_mlp: bool = True
+    tie_embeddings: bool = False
+    qk_norm: bool = False
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    learned_positions: bool = False
+    max_seq_len: int = 131072
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.kv_channels
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.kv_channels
+
+    def _norm_params(self) -> int:
+        return self.hidden_size * (1 if self.norm == "rmsnorm" else 2)
+
+    def attention_params(self) -> int:
+        qkv = self.hidden_size * (self.q_size + 2 * self.kv_size)
+        out = self.q_size * self.hidden_size
+        qk = 2 * self.kv_channels if self.qk_norm else 0
+        return qkv + out + qk + self._norm_params()
+
+    def mlp_params(self) -> int:
+        up = self.hidden_size * self.ffn_hidden_size * (2 if self.gated_mlp else 1)
+        down = self.ffn_hidden_size * self.hidden_size
+        return up + down + self._norm_params()
+
+    def layer_params(self) -> int:
+        return self.attention_params() + self.mlp_params()
+
+    def embedding_params(self) -> int:
+        """Input embedding (plus learned positions); the output head is counted separately."""
+        pos = self.max_seq_len * self.hidden_size if self.learned_positions else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    def head_params(self) -> int:
+        """Final norm plus output projection (zero extra when tied to the input embedding)."""
+        out = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return out + self._norm_params()
+
+    def num_params(self) -> int:
+        return self.embedding_params() + self.num_layers * self.layer_params() + self.head_params()
+
+    def scalar_head(self) -> ModelSpec:
+        """The same trunk with a one-output value head (critic and reward models)."""
+        return ModelSpec(
+            name=f"{self.name}+value-head",
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_kv_heads,
+            vocab_size=self.vocab_size,
+            head_dim=self.head_dim,
+            gated_mlp=self.gated_mlp,
+            tie_embeddings=self.tie_embeddings,
+            qk_norm=self.qk_norm,
+            norm=self.norm,
+            learned_positions=self.learned_positions,
+            max_seq_len=self.max_seq_len,
+        )
+
+
+# Exact public architectures (from each model's config.json).
+LLAMA_3_1_8B = ModelSpec(
+    name="llama-3.1-8b", num_layers=32, hidden_size=4096, ffn_hidden_size=14336,
+    num_attention_heads=32, num_kv_heads=8, vocab_size=128256,
+)
+LLAMA_3_3_70B = ModelSpec(
+    name="llama-3.3-70b", num_layers=80, hidden_size=8192, ffn_hidden_size=28672,
+    num_attention_heads=64, num_kv_heads=8, vocab_size=128256,
+)
+QWEN3_14B = ModelSpec(
+    name="qwen3-14b", num_layers=40, hidden_size=5120, ffn_hidden_size=17408,
+    num_attention_heads=40, num_kv_heads=8, head_dim=128, vocab_size=151936, qk_norm=True,
+    max_seq_len=40960,
+)
+QWEN3_32B = ModelSpec(
+    name="qwen3-32b", num_layers=64, hidden_size=5120, ffn_hidden_size=25600,
+    num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936, qk_norm=True,
+    max_seq_len=40960,
+)
+# Small models that run on CPU ranks under gloo (character-level vocabulary).
+TINY_GPT = ModelSpec(
+    name="tiny-gpt", num_layers=4, hidden_size=64, ffn_hidden_size=256,
+    num_attention_heads=4, num_kv_heads=2, vocab_size=128, learned_positions=True,
+    max_seq_len=256,
+)
+SMALL_GPT = ModelSpec(
+    name="small-gpt", num_layers=8, hidden_size=256, ffn_hidden_size=1024,
+    num_attention_heads=8, num_kv_heads=4, vocab_size=128, learned_positions=True,
+    max_seq_len=512,
+)
+# About 83 M parameters: 248 M values of state with Adam (params + exp_avg + exp_avg_sq).
+MEDIUM_GPT = ModelSpec(
+    name="medium-gpt", num_layers=8, hidden_size=768, ffn_hidden_size=3072,
+    num_attention_heads=12, num_kv_heads=4, vocab_size=8192, learned_positions=True,
+    max_seq_len=1024,
+)
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (LLAMA_3_1_8B, LLAMA_3_3_70B, QWEN3_14B, QWEN3_32B, TINY_GPT, SMALL_GPT, MEDIUM_GPT)
+}
