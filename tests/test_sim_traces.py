@@ -16,9 +16,9 @@ from nereus.sim.traces import (
     write_length_trace,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 SPOT = DATA / "spot-traces" / "availability-16node"
-needs_data = pytest.mark.skipif(not SPOT.is_dir(), reason="shared/data not beside the checkout")
+needs_data = pytest.mark.skipif(not SPOT.is_dir(), reason="data/traces missing")
 
 
 @needs_data
