@@ -1,0 +1,174 @@
+"""``nereus plan [CONFIG] [flags]``: the fastest memory-feasible execution plan, explained.
+
+Flags override the config; without a config the job is ``BUILTIN_JOB`` (docs/config.md, "nereus
+plan"). The planner is pure; this shell reads the file, the flags and the clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from typing import Any
+
+from nereus.config.cluster import GPU_OVERRIDES
+from nereus.errors import ConfigError, InfeasiblePlanError
+
+# The job planned when no CONFIG is given (every flag below still overrides it).
+BUILTIN_JOB: dict[str, Any] = {
+    "job": {
+        "algorithm": "ppo",
+        "mode": "sync",
+        "global_batch": 256,
+        "prompt_len": 1024,
+        "gen_len": 2048,
+        "reward_model": False,  # rule-based reward: no reward model to name on the command line
+    },
+    "models": {"actor": "llama-3.1-8b"},
+    "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h200"},
+}
+SEARCH_METHODS = ("dp", "exhaustive", "milp")
+
+# Config field → the flag that set it, so that an error names what the user typed.
+FLAG_OF_FIELD = {
+    "job.algorithm": "--algo",
+    "job.mode": "--mode",
+    "job.gen_len": "--seq-len",
+    "job.prompt_len": "--prompt-len",
+    "job.global_batch": "--global-batch",
+    "models.actor": "--model",
+    "models.critic": "--model",
+    "models.reference": "--model",
+    "cluster.gpu": "--gpu",
+    "cluster.gpus_per_node": "--gpus-per-node",
+}
+FLAG_DEST = {
+    "--algo": "algo", "--mode": "mode", "--seq-len": "seq_len", "--prompt-len": "prompt_len",
+    "--global-batch": "global_batch", "--model": "model", "--gpu": "gpu",
+    "--gpus-per-node": "gpus_per_node",
+}
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """``raw[name]`` as a dict to write flags into."""
+    value = raw.setdefault(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(name, value, "must be a mapping")
+    return value
+
+
+def apply_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """A copy of the raw config with the command-line flags written over it."""
+    raw = copy.deepcopy(raw)
+    job, models, cluster = _section(raw, "job"), _section(raw, "models"), _section(raw, "cluster")
+    if args.algo is not None:
+        job["algorithm"] = args.algo
+    if args.mode is not None:
+        job["mode"] = args.mode
+    if args.seq_len is not None:
+        job["gen_len"] = args.seq_len
+        job.pop("gen_len_p95", None)  # the config's p95 belonged to its own generated length
+    if args.prompt_len is not None:
+        job["prompt_len"] = args.prompt_len
+    if args.global_batch is not None:
+        job["global_batch"] = args.global_batch
+    if args.model is not None:
+        models["actor"] = models["reference"] = args.model
+    algorithm = job.get("algorithm", "ppo")
+    if algorithm == "ppo":
+        if args.model is not None:
+            models["critic"] = args.model
+        elif "critic" not in models and "actor" in models:
+            models["critic"] = models["actor"]  # --algo ppo on a config without a critic
+    elif args.algo is not None:
+        models.pop("critic", None)  # --algo grpo/remax: the config's critic is not used
+    if args.gpu is not None and cluster.get("gpu") != args.gpu:
+        cluster["gpu"] = args.gpu
+        for key in GPU_OVERRIDES:  # the config's hardware overrides described its own GPU
+            cluster.pop(key, None)
+    if args.gpus_per_node is not None:
+        cluster["gpus_per_node"] = args.gpus_per_node
+    if args.gpus is not None:
+        per_node = cluster.get("gpus_per_node", 8)
+        if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0:
+            if args.gpus <= 0 or args.gpus % per_node:
+                raise ConfigError(
+                    "--gpus", args.gpus, f"must be a positive multiple of --gpus-per-node={per_node}"
+                )
+            cluster["nodes"] = args.gpus // per_node
+    return raw
+
+
+def _flag_error(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
+    """The same error named after the flag, when a flag set the field."""
+    flag = FLAG_OF_FIELD.get(exc.field)
+    if flag is not None and getattr(args, FLAG_DEST[flag]) is not None:
+        return ConfigError(flag, exc.value, exc.rule)
+    return exc
+
+
+def build_setup(args: argparse.Namespace) -> Any:
+    from nereus.config import load_raw, parse_config
+
+    raw = load_raw(args.config) if args.config else BUILTIN_JOB
+    try:
+        return parse_config(apply_flags(raw, args)).setup
+    except ConfigError as exc:
+        raise _flag_error(exc, args) from None
+
+
+def stage_rows(result: Any) -> list[dict[str, Any]]:
+    return [
+        {"name": sp.name, "tp": sp.tp, "pp": sp.pp, "dp": sp.dp, "gpus": list(sp.gpus)}
+        for sp in result.plan.stages
+    ]
+
+
+def _handler(args: argparse.Namespace) -> int:
+    setup = build_setup(args)
+    from nereus.plan.explain import explain, plan_result_to_json
+    from nereus.plan.search import search_plan
+
+    start_s = time.perf_counter()
+    try:
+        result = search_plan(setup, calib=None, pool=None, method=args.search)
+    except InfeasiblePlanError as exc:
+        if not args.json:
+            raise
+        decision_ms = (time.perf_counter() - start_s) * 1e3
+        payload = {"feasible": False, "reason": exc.reason, "decision_ms": decision_ms}
+        print(json.dumps(payload))
+        return 3
+    decision_ms = (time.perf_counter() - start_s) * 1e3
+    if args.json:
+        payload = {"feasible": True, **plan_result_to_json(result), "decision_ms": decision_ms}
+        payload.setdefault("model_stages", stage_rows(result))
+        print(json.dumps(payload))
+    else:
+        print(explain(result, setup))
+        print(f"decision: {decision_ms:.2f} ms ({args.search})")
+    sys.stdout.flush()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="find the fastest memory-feasible execution plan",
+        description="Plan an RL job. Flags override CONFIG; without CONFIG a built-in PPO job "
+        "(docs/config.md) is planned.",
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
+    p.add_argument("--model", help="preset for actor, reference and (ppo) critic")
+    p.add_argument("--gpu", help="GPU preset (h200, a100-64gb, mi250x-gcd, cpu)")
+    p.add_argument("--gpus", type=int, help="total GPUs; a multiple of --gpus-per-node")
+    p.add_argument("--gpus-per-node", type=int, dest="gpus_per_node", help="GPUs per node")
+    p.add_argument("--seq-len", type=int, dest="seq_len", help="mean generated tokens (gen_len)")
+    p.add_argument("--prompt-len", type=int, dest="prompt_len", help="prompt tokens")
+    p.add_argument("--global-batch", type=int, dest="global_batch", help="prompts per step")
+    p.add_argument("--algo", choices=("ppo", "grpo", "remax"), help="RL algorithm")
+    p.add_argument("--mode", choices=("sync", "async"), help="synchronous or asynchronous RL")
+    p.add_argument("--search", choices=SEARCH_METHODS, default="dp", help="plan search method")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_handler)

@@ -1,0 +1,62 @@
+"""The ``cluster:`` section: node count and shape, a GPU preset, and per-field hardware overrides."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from nereus.config import fields as f
+from nereus.errors import ConfigError
+from nereus.spec.hardware import GPU_PRESETS, ClusterSpec, GpuSpec
+
+# YAML key → (GpuSpec field, factor from the YAML unit to the spec's unit).
+GPU_OVERRIDES: dict[str, tuple[str, float]] = {
+    "memory_per_gpu_gb": ("memory_bytes", 1e9),
+    "peak_tflops": ("peak_flops", 1e12),
+    "hbm_gbps": ("hbm_gbps", 1.0),
+    "intra_node_gbps": ("intra_node_gbps", 1.0),
+    "inter_node_gbps": ("inter_node_gbps", 1.0),
+    "comm_setup_s": ("comm_setup_s", 1.0),
+}
+CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", *GPU_OVERRIDES)
+DEFAULT_NODES = 1
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def gpu_preset(path: str, value: Any) -> GpuSpec:
+    if not isinstance(value, str) or value not in GPU_PRESETS:
+        names = ", ".join(GPU_PRESETS)
+        rule = f"unknown GPU preset; presets: {names}"
+        if isinstance(value, str):
+            rule = f.unknown_rule("GPU preset", value, GPU_PRESETS)
+        raise ConfigError(path, value, rule)
+    return GPU_PRESETS[value]
+
+
+def parse_cluster(raw: Any, path: str = "cluster") -> ClusterSpec:
+    """A ClusterSpec; ``gpu`` is required, the override fields replace the preset's values."""
+    raw = f.mapping(path, raw, CLUSTER_KEYS)
+    nodes = f.positive_int(f.join(path, "nodes"), raw.get("nodes", DEFAULT_NODES))
+    per_node = f.positive_int(
+        f.join(path, "gpus_per_node"), raw.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
+    )
+    if "gpu" not in raw:
+        raise ConfigError(
+            f.join(path, "gpu"), None, f"missing; name a GPU preset: {', '.join(GPU_PRESETS)}"
+        )
+    gpu = gpu_preset(f.join(path, "gpu"), raw["gpu"])
+    changes: dict[str, Any] = {}
+    for key, (spec_field, factor) in GPU_OVERRIDES.items():
+        if key not in raw:
+            continue
+        at = f.join(path, key)
+        if key == "comm_setup_s":
+            changes[spec_field] = f.non_negative_float(at, raw[key])
+        elif spec_field == "memory_bytes":
+            memory_bytes = round(f.positive_float(at, raw[key]) * factor)
+            if memory_bytes < 1:
+                raise ConfigError(at, raw[key], "must be at least one byte (1e-9 GB)")
+            changes[spec_field] = memory_bytes
+        else:
+            changes[spec_field] = f.positive_float(at, raw[key]) * factor
+    return ClusterSpec(nodes=nodes, gpus_per_node=per_node, gpu=replace(gpu, **changes))

@@ -1,0 +1,122 @@
+"""The ``models:`` section: role → preset name or explicit architecture, checked per algorithm."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from nereus.config import fields as f
+from nereus.errors import ConfigError
+from nereus.spec.model import MODEL_PRESETS, ModelSpec
+from nereus.spec.workflow import ROLES
+
+# Fields of an explicit architecture; ``preset`` names a base whose fields the others override.
+REQUIRED_ARCH_KEYS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+    "vocab_size",
+)
+OPTIONAL_ARCH_KEYS = (
+    "name", "head_dim", "gated_mlp", "tie_embeddings", "qk_norm", "norm", "learned_positions",
+    "max_seq_len",
+)
+ARCH_KEYS = ("preset", *REQUIRED_ARCH_KEYS, *OPTIONAL_ARCH_KEYS)
+NORMS = ("rmsnorm", "layernorm")
+CUSTOM_NAME = "custom"
+
+
+def preset(path: str, value: Any) -> ModelSpec:
+    if not isinstance(value, str) or value not in MODEL_PRESETS:
+        rule = f"unknown model preset; presets: {', '.join(MODEL_PRESETS)} (or an architecture mapping)"
+        if isinstance(value, str):
+            rule = f.unknown_rule("model preset", value, MODEL_PRESETS) + " (or an architecture mapping)"
+        raise ConfigError(path, value, rule)
+    return MODEL_PRESETS[value]
+
+
+def _arch_value(path: str, key: str, value: Any) -> Any:
+    if key == "name":
+        return f.name(path, value)
+    if key == "norm":
+        return f.choice(path, value, NORMS)
+    if key in ("gated_mlp", "tie_embeddings", "qk_norm", "learned_positions"):
+        return f.boolean(path, value)
+    if key == "head_dim":
+        return f.non_negative_int(path, value)
+    return f.positive_int(path, value)
+
+
+def architecture(path: str, raw: Mapping[str, Any]) -> ModelSpec:
+    """An explicit architecture mapping (optionally on top of ``preset``) as a checked ModelSpec."""
+    raw = f.mapping(path, raw, ARCH_KEYS)
+    values = {k: _arch_value(f.join(path, k), k, v) for k, v in raw.items() if k != "preset"}
+    if "preset" in raw:
+        spec = replace(preset(f.join(path, "preset"), raw["preset"]), **values)
+    else:
+        for key in REQUIRED_ARCH_KEYS:
+            if key not in raw:
+                raise ConfigError(
+                    f.join(path, key), None, "missing; an architecture without a preset needs "
+                    + ", ".join(REQUIRED_ARCH_KEYS),
+                )
+        spec = ModelSpec(**{"name": CUSTOM_NAME, **values})
+    check_architecture(path, spec)
+    return spec
+
+
+def check_architecture(path: str, spec: ModelSpec) -> None:
+    """Shape rules a Megatron GPT layout needs: heads split the hidden size, kv groups the heads."""
+    if spec.head_dim == 0 and spec.hidden_size % spec.num_attention_heads:
+        raise ConfigError(
+            f.join(path, "num_attention_heads"), spec.num_attention_heads,
+            f"must divide hidden_size={spec.hidden_size} (or set head_dim)",
+        )
+    if spec.num_attention_heads % spec.num_kv_heads:
+        raise ConfigError(
+            f.join(path, "num_kv_heads"), spec.num_kv_heads,
+            f"must divide num_attention_heads={spec.num_attention_heads}",
+        )
+
+
+def model(path: str, value: Any) -> ModelSpec:
+    """One role's model: a preset name or an architecture mapping."""
+    if isinstance(value, Mapping):
+        return architecture(path, value)
+    return preset(path, value)
+
+
+def required_roles(algorithm: str, reward_model: bool) -> tuple[str, ...]:
+    """Roles that must be named (``reference`` may be omitted: it defaults to the actor)."""
+    roles = ["actor"]
+    if algorithm == "ppo":
+        roles.append("critic")
+    if reward_model:
+        roles.append("reward")
+    return tuple(roles)
+
+
+def parse_models(
+    raw: Any, *, algorithm: str, reward_model: bool, path: str = "models"
+) -> tuple[tuple[str, ModelSpec], ...]:
+    """(role, ModelSpec) for every role the algorithm uses, in ``ROLES`` order."""
+    raw = f.mapping(path, raw, ROLES)
+    needed = required_roles(algorithm, reward_model)
+    for role in needed:
+        if role not in raw:
+            why = {
+                "actor": "every job needs an actor model",
+                "critic": "ppo needs a critic model",
+                "reward": "job.reward_model is true, so a reward model is needed",
+            }[role]
+            raise ConfigError(f.join(path, role), None, f"missing; {why}")
+    for role in ("critic", "reward"):
+        if role in raw and role not in needed:
+            why = (
+                f"{algorithm} has no critic; remove it"
+                if role == "critic"
+                else "job.reward_model is false (rule-based reward); remove it or set it true"
+            )
+            raise ConfigError(f.join(path, role), raw[role], f"not used: {why}")
+    specs = {role: model(f.join(path, role), raw[role]) for role in raw}
+    specs.setdefault("reference", specs["actor"])
+    return tuple((role, specs[role]) for role in ROLES if role in specs)
