@@ -94,9 +94,8 @@ def apply_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
         per_node = cluster.get("gpus_per_node", 8)
         if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0:
             if args.gpus <= 0 or args.gpus % per_node:
-                raise ConfigError(
-                    "--gpus", args.gpus, f"must be a positive multiple of --gpus-per-node={per_node}"
-                )
+                rule = f"must be a positive multiple of --gpus-per-node={per_node}"
+                raise ConfigError("--gpus", args.gpus, rule)
             cluster["nodes"] = args.gpus // per_node
     return raw
 

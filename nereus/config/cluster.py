@@ -1,4 +1,4 @@
-"""The ``cluster:`` section: node count and shape, a GPU preset, and per-field hardware overrides."""
+"""The ``cluster:`` section: nodes, GPUs per node, a GPU preset and per-field hardware overrides."""
 
 from __future__ import annotations
 
@@ -25,11 +25,8 @@ DEFAULT_GPUS_PER_NODE = 8
 
 def gpu_preset(path: str, value: Any) -> GpuSpec:
     if not isinstance(value, str) or value not in GPU_PRESETS:
-        names = ", ".join(GPU_PRESETS)
-        rule = f"unknown GPU preset; presets: {names}"
-        if isinstance(value, str):
-            rule = f.unknown_rule("GPU preset", value, GPU_PRESETS)
-        raise ConfigError(path, value, rule)
+        given = value if isinstance(value, str) else ""
+        raise ConfigError(path, value, f.unknown_rule("GPU preset", given, GPU_PRESETS))
     return GPU_PRESETS[value]
 
 

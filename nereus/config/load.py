@@ -1,5 +1,5 @@
-"""YAML text → data (``yaml.safe_load``, duplicate keys rejected), and the one function that reads a
-config file. Everything else in ``nereus.config`` works on already-parsed data.
+"""YAML text → data (``yaml.safe_load``, duplicate keys rejected) and the one function that reads
+a config file. Everything else in ``nereus.config`` works on already-parsed data.
 
 PyYAML is imported inside the two functions that parse text, so the rest of the package (and the
 pure core importing it) stays standard-library only.
@@ -57,7 +57,8 @@ def parse_yaml(text: str, source: str = "config") -> Any:
         where = _where(exc.problem_mark)
         raise ConfigError("config", source, f"not valid YAML: {problem} at {where}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError("config", source, f"not valid YAML: {' '.join(str(exc).split())}") from None
+        problem = " ".join(str(exc).split())
+        raise ConfigError("config", source, f"not valid YAML: {problem}") from None
 
 
 def read_text(path: str) -> str:

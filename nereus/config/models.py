@@ -27,10 +27,9 @@ CUSTOM_NAME = "custom"
 
 def preset(path: str, value: Any) -> ModelSpec:
     if not isinstance(value, str) or value not in MODEL_PRESETS:
-        rule = f"unknown model preset; presets: {', '.join(MODEL_PRESETS)} (or an architecture mapping)"
-        if isinstance(value, str):
-            rule = f.unknown_rule("model preset", value, MODEL_PRESETS) + " (or an architecture mapping)"
-        raise ConfigError(path, value, rule)
+        given = value if isinstance(value, str) else ""
+        rule = f.unknown_rule("model preset", given, MODEL_PRESETS)
+        raise ConfigError(path, value, f"{rule} (or an architecture mapping)")
     return MODEL_PRESETS[value]
 
 
