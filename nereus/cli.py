@@ -17,6 +17,7 @@ from nereus.errors import InfeasiblePlanError, NereusError
 COMMAND_MODULES = (
     "nereus.commands.plan",
     "nereus.commands.config_check",
+    "nereus.commands.inventory",
 )
 
 

@@ -1,0 +1,159 @@
+"""Pure builders of the srun and mpiexec command lines that start the ranks of a Nereus job.
+
+A ``LaunchSpec`` says what to run and where; ``srun_argv`` / ``mpiexec_argv`` turn it into an argv
+tuple (no I/O, deterministic). Notes verified with Slurm 22.05 on emulated nodes:
+
+- ``srun --mpi=pmi2`` (pmix fails across emulated nodes on one host).
+- ``srun --no-kill``: when a node of the step fails only its tasks die; the others run on (srun
+  still exits non-zero). Without it the whole step is force-terminated.
+- After the allocation shrank, a new step must name its size (``--nodes``/``--ntasks``, here
+  with ``--nodelist``): a bare ``srun`` takes SLURM_JOB_NUM_NODES from the environment, which
+  never changes, and fails with "conflicts with allocated node count".
+- Open MPI as root needs ``--allow-run-as-root --oversubscribe``; ULFM needs ``--with-ft ulfm``
+  with ``--mca pml ob1 --mca btl tcp,self`` (it hangs with the shared-memory transport).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from nereus.errors import ConfigError
+
+MPI_FLAVOURS = ("openmpi", "mpich")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start on each rank, how many ranks, and where.
+
+    ``ntasks``/``nodes`` of None take the size of the enclosing allocation (srun) or every slot
+    (mpiexec). ``nodelist`` pins the hosts (a relaunch on survivors). ``env`` is exported to every
+    rank. ``cpu_bind`` is srun's ``--cpu-bind`` value ("none" also disables mpiexec binding; None
+    omits it: a cluster with TaskPlugin=task/none warns about any --cpu-bind).
+    """
+
+    argv: tuple[str, ...]
+    ntasks: int | None = None
+    nodes: int | None = None
+    ntasks_per_node: int | None = None
+    nodelist: tuple[str, ...] = ()
+    cpus_per_task: int | None = None
+    gpus_per_task: int | None = None
+    cpu_bind: str | None = "none"
+    env: tuple[tuple[str, str], ...] = ()
+    no_kill: bool = True
+    kill_on_bad_exit: bool = False
+    label: bool = False
+    mpi: str = "pmi2"
+    ulfm: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ConfigError("launch.argv", self.argv, "needs a program to run")
+        for name, value in (("ntasks", self.ntasks), ("nodes", self.nodes),
+                            ("ntasks_per_node", self.ntasks_per_node),
+                            ("cpus_per_task", self.cpus_per_task),
+                            ("gpus_per_task", self.gpus_per_task)):
+            if value is not None and value < 1:
+                raise ConfigError(f"launch.{name}", value, "must be a positive integer")
+        if self.nodes is not None and self.nodelist and len(self.nodelist) != self.nodes:
+            raise ConfigError("launch.nodelist", self.nodelist,
+                              f"names {len(self.nodelist)} hosts but nodes={self.nodes}")
+        for env_key, env_value in self.env:
+            if not _ENV_NAME.match(env_key):
+                raise ConfigError("launch.env", env_key, "is not an environment variable name")
+            if "," in env_value:
+                raise ConfigError(f"launch.env.{env_key}", env_value,
+                                  "must not contain ',' (srun --export separates with commas)")
+
+
+def _slots_per_host(spec: LaunchSpec) -> int:
+    if spec.ntasks_per_node is not None:
+        return spec.ntasks_per_node
+    if spec.ntasks is not None and spec.nodelist:
+        return -(-spec.ntasks // len(spec.nodelist))
+    return 1
+
+
+def srun_argv(spec: LaunchSpec) -> tuple[str, ...]:
+    """``srun`` for one job step of the ranks (inside an allocation)."""
+    argv = ["srun", f"--mpi={spec.mpi}"]
+    if spec.ntasks is not None:
+        argv.append(f"--ntasks={spec.ntasks}")
+    nodes = spec.nodes if spec.nodes is not None else (len(spec.nodelist) or None)
+    if nodes is not None:
+        argv.append(f"--nodes={nodes}")
+    if spec.ntasks_per_node is not None:
+        argv.append(f"--ntasks-per-node={spec.ntasks_per_node}")
+    if spec.nodelist:
+        argv.append("--nodelist=" + ",".join(spec.nodelist))
+    if spec.cpus_per_task is not None:
+        argv.append(f"--cpus-per-task={spec.cpus_per_task}")
+    if spec.gpus_per_task is not None:
+        argv.append(f"--gpus-per-task={spec.gpus_per_task}")
+    if spec.cpu_bind is not None:
+        argv.append(f"--cpu-bind={spec.cpu_bind}")
+    argv.append(f"--kill-on-bad-exit={1 if spec.kill_on_bad_exit else 0}")
+    if spec.no_kill:
+        argv.append("--no-kill")
+    if spec.label:
+        argv.append("--label")
+    if spec.env:
+        argv.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in spec.env))
+    return (*argv, *spec.argv)
+
+
+def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:
+    """``mpiexec`` for Open MPI (with the TCP transport ULFM needs) or MPICH (hydra)."""
+    if flavour not in MPI_FLAVOURS:
+        raise ConfigError("launch.mpi_flavour", flavour, f"must be one of {MPI_FLAVOURS}")
+    if flavour == "mpich" and spec.ulfm:
+        raise ConfigError("launch.ulfm", True, "ULFM needs Open MPI (MPICH's did not work)")
+    slots = _slots_per_host(spec)
+    hosts = ",".join(f"{host}:{slots}" for host in spec.nodelist)
+    argv: list[str] = ["mpiexec"]
+    if flavour == "openmpi":
+        argv += ["--allow-run-as-root", "--oversubscribe"]
+        if spec.ntasks is not None:
+            argv += ["-n", str(spec.ntasks)]
+        if hosts:
+            argv += ["--host", hosts]
+        if spec.ntasks_per_node is not None and not hosts:
+            argv += ["--map-by", f"ppr:{spec.ntasks_per_node}:node"]
+        argv += ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
+        if spec.ulfm:
+            argv += ["--with-ft", "ulfm"]
+        if spec.cpu_bind == "none":
+            argv += ["--bind-to", "none"]
+        for key, value in spec.env:
+            argv += ["-x", f"{key}={value}"]
+    else:
+        if spec.ntasks is not None:
+            argv += ["-n", str(spec.ntasks)]
+        if hosts:
+            argv += ["-hosts", hosts]
+        elif spec.ntasks_per_node is not None:
+            argv += ["-ppn", str(spec.ntasks_per_node)]
+        if spec.cpu_bind == "none":
+            argv += ["-bind-to", "none"]
+        for key, value in spec.env:
+            argv += ["-genv", key, value]
+    return (*argv, *spec.argv)
+
+
+def on_survivors(spec: LaunchSpec, nodes: tuple[str, ...]) -> LaunchSpec:
+    """The same launch restricted to ``nodes`` (a relaunch inside a shrunken allocation).
+
+    Keeps ranks per node when known; otherwise keeps one rank per node.
+    """
+    if not nodes:
+        raise ConfigError("launch.nodelist", nodes, "a relaunch needs at least one node")
+    per_node = spec.ntasks_per_node
+    if per_node is None and spec.ntasks is not None:
+        base = spec.nodes or len(spec.nodelist) or None
+        per_node = spec.ntasks // base if base else None
+    ntasks = per_node * len(nodes) if per_node else len(nodes)
+    return replace(spec, nodelist=tuple(nodes), nodes=len(nodes), ntasks=ntasks,
+                   ntasks_per_node=per_node)
