@@ -1,0 +1,411 @@
+"""Compile a transition between two EMU collections into one global DAG (DESIGN.md §2.3).
+
+Per model-stage: Split (to T_sub) → Destroy (surplus) → Extend (new replicas) → Merge (to the
+target). Across model-stages: a resource edge Destroy → Extend wherever an Extend needs a GPU that
+another model-stage's unit still holds; release-before-acquire and gen → inf → train order the
+rest. A circular wait makes the compiler retry the model-stages on the cycle with a finer T_sub
+(more sub-units land exactly on their target GPUs, so fewer copies must outlive an Extend); when
+none is left the target is infeasible and :class:`TransitionError` names the cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nereus.emu.unit import Emu, Layout, emus_of_plan
+from nereus.errors import TransitionError
+from nereus.spec.plan import ExecutionPlan
+from nereus.transition.dag import TransitionDag
+from nereus.transition.primitives import (
+    GROUPINGS,
+    KIND_ORDER,
+    Destroy,
+    Extend,
+    Merge,
+    Primitive,
+    Split,
+    StateSizer,
+    sub_unit_gpus,
+    sub_units,
+)
+
+_STAGE_SUFFIX = {"gen": 0, "inf": 1, "train": 2}
+
+
+def default_stage_rank(model_stage: str) -> int:
+    """gen → inf → train from the model-stage name's suffix (``actor-gen`` → 0); others 1."""
+    return _STAGE_SUFFIX.get(model_stage.rsplit("-", 1)[-1], 1)
+
+
+def check_collection(units: Sequence[Emu], what: str) -> None:
+    """A valid collection: disjoint GPU sets, one state name per model-stage."""
+    owner: dict[int, Emu] = {}
+    state: dict[str, str] = {}
+    for u in units:
+        if state.setdefault(u.model_stage, u.state) != u.state:
+            raise TransitionError(f"{what}: {u.model_stage} holds two states")
+        for g in u.gpus:
+            if g in owner:
+                raise TransitionError(
+                    f"{what}: GPU {g} held by {owner[g].model_stage} and {u.model_stage}"
+                )
+            owner[g] = u
+
+
+def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
+    """Per-axis gcd first, then every layout dividing it, largest first."""
+    tp = pp = 0
+    for lay in layouts:
+        tp, pp = math.gcd(tp, lay.tp), math.gcd(pp, lay.pp)
+    cands = [Layout(t, p) for t in range(1, tp + 1) if tp % t == 0 for p in range(1, pp + 1)
+             if pp % p == 0]
+    return tuple(sorted(cands, key=lambda lay: (-lay.size, -lay.tp)))
+
+
+@dataclass
+class _Local:
+    prims: list[Primitive] = field(default_factory=list)
+    edges: list[tuple[int, int, str]] = field(default_factory=list)
+    release: dict[int, int] = field(default_factory=dict)  # GPU → local Destroy index
+    donor: bool = False
+
+    def add(self, p: Primitive) -> int:
+        self.prims.append(p)
+        return len(self.prims) - 1
+
+
+def _best_grouping(unit: Emu, t_sub: Layout, others: set[tuple[int, ...]]) -> str:
+    """The grouping whose sub-units hit ``others`` most often (interleaved on ties)."""
+    best, hits = GROUPINGS[0], -1
+    for grp in GROUPINGS:
+        n = sum(t in others for t in sub_unit_gpus(unit, t_sub, grp))
+        if n > hits:
+            best, hits = grp, n
+    return best
+
+
+@dataclass
+class _Source:
+    """A unit an Extend may copy from, and the round (in Extend steps) it is next free."""
+
+    unit: Emu
+    free_at: int
+
+
+def _local_dag(
+    srcs: list[Emu],
+    tgts: list[Emu],
+    t_sub: Layout,
+    state_bytes: int,
+    held: Mapping[int, Emu],
+    target_gpus: frozenset[int],
+) -> _Local | None:
+    """One model-stage's local DAG through ``t_sub``; None when no copy can reach the target."""
+    loc = _Local()
+    if not tgts:
+        for u in srcs:
+            d = loc.add(Destroy(u, state_bytes))
+            loc.release.update(dict.fromkeys(u.gpus, d))
+        return loc
+    # Per unit the sub-unit grouping that lands most sub-units exactly on a target slot.
+    src_tuples: set[tuple[int, ...]] = set()
+    for u in srcs:
+        for grp in GROUPINGS:
+            src_tuples.update(sub_unit_gpus(u, t_sub, grp))
+    tgt_group: dict[Emu, str] = {}
+    slot_gpus: set[tuple[int, ...]] = set()
+    for v in tgts:
+        tgt_group[v] = _best_grouping(v, t_sub, src_tuples)
+        slot_gpus.update(sub_unit_gpus(v, t_sub, tgt_group[v]))
+    producer: dict[Emu, int] = {}
+    kept: list[Emu] = []
+    surplus: list[Emu] = []  # at t_sub
+    whole: list[Emu] = []  # surplus units left unsplit
+    for u in srcs:
+        if u.layout == t_sub:
+            (kept if u.gpus in slot_gpus else surplus).append(u)
+            continue
+        grp = _best_grouping(u, t_sub, slot_gpus)
+        subs = sub_units(u, t_sub, grp)
+        if any(s.gpus in slot_gpus for s in subs):
+            i = loc.add(Split(u, subs, state_bytes, grp))
+            for s in subs:
+                producer[s] = i
+                (kept if s.gpus in slot_gpus else surplus).append(s)
+        else:
+            whole.append(u)
+    kept_gpus = {s.gpus for s in kept}
+    unfilled = [
+        Emu(v.model_stage, v.state, t_sub, g)
+        for v in tgts
+        for g in sub_unit_gpus(v, t_sub, tgt_group[v])
+        if g not in kept_gpus
+    ]
+    unfilled.sort(key=lambda s: any(g in held for g in s.gpus))  # free GPUs first (stable)
+    # Sources: kept sub-units and surplus ones on GPUs no target needs (nobody waits for them).
+    pool = [_Source(s, 1 if s in producer else 0) for s in kept]
+    pool += [_Source(s, 0) for s in surplus if target_gpus.isdisjoint(s.gpus)]
+    if unfilled and not pool:
+        donor = _pick_donor(loc, surplus, whole, unfilled, t_sub, state_bytes, producer, held)
+        if donor is None:
+            return None
+        loc.donor = True
+        pool.append(_Source(donor, 1 if donor in producer else 0))
+        surplus = [s for s in surplus if s != donor] + [donor]
+    reads: dict[Emu, list[int]] = {}
+    for slot in unfilled:
+        blocked = 1 if any(g in held for g in slot.gpus) else 0
+        best: _Source | None = None
+        for entry in pool:
+            if (best is None or entry.free_at < best.free_at) and not (
+                set(entry.unit.gpus) & set(slot.gpus)
+            ):
+                best = entry
+        if best is None:
+            return None
+        src = best.unit
+        start = max(best.free_at, blocked)
+        e = loc.add(Extend(src, slot, state_bytes))
+        if src in producer:
+            loc.edges.append((producer[src], e, "data"))
+        prev = reads.setdefault(src, [])
+        if prev:
+            loc.edges.append((prev[-1], e, "order"))
+        prev.append(e)
+        best.free_at = start + 1
+        pool.append(_Source(slot, start + 1))
+        producer[slot] = e
+    for s in surplus:
+        d = loc.add(Destroy(s, state_bytes))
+        if s in producer:
+            loc.edges.append((producer[s], d, "data"))
+        loc.edges.extend((e, d, "data") for e in reads.get(s, ()))
+        loc.release.update(dict.fromkeys(s.gpus, d))
+    for w in whole:
+        d = loc.add(Destroy(w, state_bytes))
+        loc.release.update(dict.fromkeys(w.gpus, d))
+    for v in tgts:
+        if v.layout == t_sub:
+            continue
+        parts = tuple(Emu(v.model_stage, v.state, t_sub, g)
+                      for g in sub_unit_gpus(v, t_sub, tgt_group[v]))
+        mg = loc.add(Merge(parts, v, state_bytes, tgt_group[v]))
+        for part in parts:
+            if part in producer:
+                loc.edges.append((producer[part], mg, "data"))
+            loc.edges.extend((e, mg, "data") for e in reads.get(part, ()))
+    for i, p in enumerate(loc.prims):
+        if isinstance(p, Extend):
+            for g in p.new.gpus:
+                if g in loc.release:
+                    loc.edges.append((loc.release[g], i, "local"))
+    return loc
+
+
+def _pick_donor(
+    loc: _Local,
+    surplus: list[Emu],
+    whole: list[Emu],
+    unfilled: list[Emu],
+    t_sub: Layout,
+    state_bytes: int,
+    producer: dict[Emu, int],
+    held: Mapping[int, Emu],
+) -> Emu | None:
+    """The one copy kept until an Extend has copied it: disjoint from a slot, free slots first."""
+    def fits(s: Emu) -> int:
+        best = -1
+        for slot in unfilled:
+            if set(s.gpus).isdisjoint(slot.gpus):
+                best = max(best, 0 if any(g in held for g in slot.gpus) else 1)
+        return best
+
+    scored = [(fits(s), i, s) for i, s in enumerate(surplus)]
+    scored = [x for x in scored if x[0] >= 0]
+    if scored:
+        return max(scored, key=lambda x: (x[0], -x[1]))[2]
+    for w in whole:
+        subs = sub_units(w, t_sub)
+        ok = [s for s in subs if fits(s) >= 0]
+        if ok:
+            whole.remove(w)
+            i = loc.add(Split(w, subs, state_bytes))
+            for s in subs:
+                producer[s] = i
+            donor = max(ok, key=fits)
+            surplus.extend(s for s in subs if s != donor)
+            return donor
+    return None
+
+
+def compile_transition(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    sizer: StateSizer,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    stage_rank: Mapping[str, int] | None = None,
+) -> TransitionDag:
+    """The global DAG from any valid EMU collection ``source`` to the collection ``target``."""
+    check_collection(source, "source")
+    check_collection(target, "target")
+    src_state = {u.model_stage: u.state for u in source}
+    for v in target:
+        if v.model_stage not in src_state:
+            raise TransitionError(f"{v.model_stage}: no unit of the source holds its state")
+        if src_state[v.model_stage] != v.state:
+            raise TransitionError(f"{v.model_stage}: source state {src_state[v.model_stage]!r} "
+                                  f"is not the target's {v.state!r}")
+    rank = dict(stage_rank or {})
+    names = sorted(src_state, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
+    tgt_set = set(target)
+    by_src: dict[str, list[Emu]] = {m: [] for m in names}
+    by_tgt: dict[str, list[Emu]] = {m: [] for m in names}
+    for u in source:
+        if u not in tgt_set:
+            by_src[u.model_stage].append(u)
+    src_set = set(source)
+    for v in target:
+        if v not in src_set:
+            by_tgt[v.model_stage].append(v)
+    held = {g: u for u in source for g in u.gpus}
+    target_gpus = frozenset(g for v in target for g in v.gpus)
+    cands = {m: t_sub_candidates([u.layout for u in by_src[m] + by_tgt[m]]) for m in names}
+    choice = dict.fromkeys(names, 0)
+    while True:
+        locs: dict[str, _Local] = {}
+        for m in names:
+            loc = None
+            while loc is None:
+                if choice[m] >= len(cands[m]):
+                    raise TransitionError(f"{m}: no copy of its state can reach the target GPUs "
+                                          "(every copy sits on GPUs its target needs)")
+                loc = _local_dag(by_src[m], by_tgt[m], cands[m][choice[m]], sizer(m), held,
+                                 target_gpus)
+                if loc is None:
+                    choice[m] += 1
+            locs[m] = loc
+        dag, cycle = _assemble(source, target, names, locs, cands, choice, rank)
+        if not cycle:
+            break
+        retry = [m for m in cycle if locs[m].donor and choice[m] + 1 < len(cands[m])]
+        if not retry:
+            raise TransitionError("circular wait between model-stages: " + " → ".join(cycle)
+                                  + " (each keeps the last copy of its state on GPUs another's "
+                                  "target needs)")
+        for m in retry:
+            choice[m] += 1
+    if capacity_bytes is not None:
+        check_memory(dag, capacity_bytes, reserved_bytes)
+    return dag
+
+
+def _assemble(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    names: list[str],
+    locs: dict[str, _Local],
+    cands: dict[str, tuple[Layout, ...]],
+    choice: dict[str, int],
+    rank: Mapping[str, int],
+) -> tuple[TransitionDag, list[str]]:
+    prims: list[Primitive] = []
+    edges: list[tuple[int, int, str]] = []
+    release: dict[int, int] = {}
+    for m in names:
+        off = len(prims)
+        loc = locs[m]
+        prims.extend(loc.prims)
+        edges.extend((a + off, b + off, k) for a, b, k in loc.edges)
+        release.update({g: d + off for g, d in loc.release.items()})
+    for i, p in enumerate(prims):
+        if isinstance(p, Extend):
+            for d in sorted({release[g] for g in p.new.gpus if g in release}):
+                if prims[d].model_stage != p.model_stage:
+                    edges.append((d, i, "resource"))
+    edges = list(dict.fromkeys(edges))
+    n = len(prims)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for a, b, _ in edges:
+        succ[a].append(b)
+        indeg[b] += 1
+
+    def key(i: int) -> tuple[int, int, str, int]:
+        p = prims[i]
+        ms = p.model_stage
+        return (KIND_ORDER[type(p)], rank.get(ms, default_stage_rank(ms)), ms, i)
+
+    heap = [key(i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        i = heapq.heappop(heap)[3]
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, key(j))
+    t_sub = tuple((m, cands[m][choice[m]].tp, cands[m][choice[m]].pp) for m in names
+                  if cands[m])
+    dag = TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges), tuple(order),
+                        t_sub)
+    if len(order) == n:
+        return dag, []
+    return dag, _cycle_names(prims, succ, set(range(n)) - set(order))
+
+
+def _cycle_names(prims: list[Primitive], succ: list[list[int]], left: set[int]) -> list[str]:
+    """Model-stages along one cycle among the nodes Kahn's algorithm could not order."""
+    start = min(left)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    i = start
+    while i not in seen:
+        seen[i] = len(path)
+        path.append(i)
+        i = next(j for j in succ[i] if j in left)
+    cyc = path[seen[i]:]
+    out: list[str] = []
+    for j in cyc:
+        if not out or out[-1] != prims[j].model_stage:
+            out.append(prims[j].model_stage)
+    return out
+
+
+def check_memory(
+    dag: TransitionDag,
+    capacity_bytes: int | Mapping[int, int],
+    reserved_bytes: Mapping[int, int] | None = None,
+) -> None:
+    """Every primitive's peak (+ reserved bytes) fits each GPU it touches."""
+    reserved = reserved_bytes or {}
+    for p in dag.primitives:
+        for g, b in p.peak_bytes().items():
+            cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+            if reserved.get(g, 0) + b > cap:
+                raise TransitionError(
+                    f"{type(p).__name__} of {p.model_stage} needs {reserved.get(g, 0) + b} bytes "
+                    f"on GPU {g}, capacity {cap}"
+                )
+
+
+def compile_plans(
+    current: ExecutionPlan,
+    target: ExecutionPlan,
+    states: Mapping[str, str],
+    sizer: StateSizer,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    stage_rank: Mapping[str, int] | None = None,
+) -> TransitionDag:
+    """:func:`compile_transition` between two placed plans of one workflow."""
+    st = dict(states)
+    return compile_transition(emus_of_plan(current, st), emus_of_plan(target, st), sizer,
+                              capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes,
+                              stage_rank=stage_rank)

@@ -1,0 +1,65 @@
+"""The global transition DAG as frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nereus.emu.unit import Emu
+from nereus.transition.primitives import Primitive
+
+# Edge kinds: "data" (a unit must exist / be read before it is consumed), "local" (a GPU of the same
+# model-stage must be released before it is acquired), "resource" (the same across model-stages,
+# the edges the global compiler adds), "order" (Extends reading one source run one after another).
+EDGE_KINDS = ("data", "local", "resource", "order")
+
+
+@dataclass(frozen=True)
+class TransitionDag:
+    """Primitives, edges ``(before, after, kind)`` and the deterministic priority order.
+
+    ``order`` is a topological order obeying release-before-acquire and gen → inf → train; the
+    scheduler launches ready primitives in this order. ``t_sub`` names the intermediate layout each
+    model-stage goes through as ``(tp, pp)``.
+    """
+
+    source: tuple[Emu, ...]
+    target: tuple[Emu, ...]
+    primitives: tuple[Primitive, ...]
+    edges: tuple[tuple[int, int, str], ...]
+    order: tuple[int, ...]
+    t_sub: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def preds(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.primitives]
+        for a, b, _ in self.edges:
+            out[b].append(a)
+        return tuple(tuple(sorted(set(p))) for p in out)
+
+    @property
+    def succs(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.primitives]
+        for a, b, _ in self.edges:
+            out[a].append(b)
+        return tuple(tuple(sorted(set(s))) for s in out)
+
+    @property
+    def resource_edges(self) -> tuple[tuple[int, int], ...]:
+        return tuple((a, b) for a, b, k in self.edges if k == "resource")
+
+    def without(self, kinds: tuple[str, ...]) -> TransitionDag:
+        """The same primitives with the edges of ``kinds`` removed (baselines)."""
+        return TransitionDag(
+            self.source,
+            self.target,
+            self.primitives,
+            tuple(e for e in self.edges if e[2] not in kinds),
+            self.order,
+            self.t_sub,
+        )
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.primitives:
+            out[type(p).__name__] = out.get(type(p).__name__, 0) + 1
+        return out

@@ -1,0 +1,344 @@
+"""The four transition primitives as frozen DAG nodes, with the GPUs and bytes each one moves.
+
+Shard convention (used by every primitive here): splitting a unit of layout L into T_sub gives
+k = |L|/|T_sub| sub-units; sub-unit (bt, bp) takes the *interleaved* positions
+``tp_rank = j_tp·kt + bt``, ``pp_rank = j_pp·kp + bp`` of L. Then the GPUs that share one
+sub-unit position form a contiguous TP/PP block of L (the smallest enclosing group) and a Split is
+one position-wise all-gather inside each block, while a Merge of sub-units in that arrangement
+finds every target shard already resident (the T_sub shard on a GPU contains its L shard), so it
+copies nothing. Bytes: a position of a unit of layout L holds ``state_bytes / (tp·pp)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from nereus.emu.unit import Emu, Layout
+from nereus.spec.model import ModelSpec
+
+# (model_stage) -> bytes of the whole logical state of one replica (all positions together).
+StateSizer = Callable[[str], int]
+
+ADAM_FP32_BYTES_PER_PARAM = 12  # fp32 master weights + exp_avg + exp_avg_sq
+
+
+def model_state_sizer(
+    models: Mapping[str, ModelSpec],
+    trainable: Mapping[str, bool],
+    dtype_bytes: int = 2,
+) -> StateSizer:
+    """Sizer from parameter counts: ``params·dtype_bytes`` (+12 B/param Adam for training)."""
+    sizes = {
+        name: spec.num_params()
+        * (dtype_bytes + (ADAM_FP32_BYTES_PER_PARAM if trainable.get(name, False) else 0))
+        for name, spec in models.items()
+    }
+
+    def size_bytes(model_stage: str) -> int:
+        return sizes[model_stage]
+
+    return size_bytes
+
+
+def shard_bytes(state_bytes: int, layout: Layout) -> int:
+    """Bytes one position of a unit of ``layout`` holds (ceiling division)."""
+    return -(-state_bytes // layout.size)
+
+
+GROUPINGS = ("interleaved", "contiguous")
+
+
+def _sub_position(lay: Layout, sub: Layout, b: int, j_pp: int, j_tp: int, grouping: str) -> int:
+    """Index in ``lay`` of local position (j_pp, j_tp) of sub-unit ``b``."""
+    kt, kp = lay.tp // sub.tp, lay.pp // sub.pp
+    bp, bt = divmod(b, kt)
+    if grouping == "interleaved":
+        return (j_pp * kp + bp) * lay.tp + j_tp * kt + bt
+    return (bp * sub.pp + j_pp) * lay.tp + bt * sub.tp + j_tp
+
+
+def sub_unit_gpus(
+    unit: Emu, sub: Layout, grouping: str = "interleaved"
+) -> tuple[tuple[int, ...], ...]:
+    """GPU tuples of the sub-units that splitting ``unit`` into layout ``sub`` produces."""
+    lay = unit.layout
+    k = lay.size // sub.size
+    return tuple(
+        tuple(
+            unit.gpus[_sub_position(lay, sub, b, j_pp, j_tp, grouping)]
+            for j_pp in range(sub.pp)
+            for j_tp in range(sub.tp)
+        )
+        for b in range(k)
+    )
+
+
+def sub_units(unit: Emu, sub: Layout, grouping: str = "interleaved") -> tuple[Emu, ...]:
+    return tuple(
+        Emu(unit.model_stage, unit.state, sub, g) for g in sub_unit_gpus(unit, sub, grouping)
+    )
+
+
+def merge_gpus(
+    parts: tuple[tuple[int, ...], ...], sub: Layout, into: Layout, grouping: str = "interleaved"
+) -> tuple[int, ...]:
+    """Inverse of :func:`sub_unit_gpus`: the GPU tuple of the merged unit."""
+    gpus = [0] * into.size
+    for b, part in enumerate(parts):
+        for j_pp in range(sub.pp):
+            for j_tp in range(sub.tp):
+                gpus[_sub_position(into, sub, b, j_pp, j_tp, grouping)] = part[j_pp * sub.tp + j_tp]
+    return tuple(gpus)
+
+
+Region = tuple[float, float, float, float]  # TP interval [t0, t1) × layer interval [p0, p1)
+
+
+def region(lay: Layout, index: int) -> Region:
+    """Fraction of the logical state that position ``index`` (pp_rank·tp + tp_rank) holds."""
+    pp_rank, tp_rank = divmod(index, lay.tp)
+    return (tp_rank / lay.tp, (tp_rank + 1) / lay.tp, pp_rank / lay.pp, (pp_rank + 1) / lay.pp)
+
+
+def overlap(a: Region, b: Region) -> float:
+    """Area of the intersection of two regions (a fraction of the state)."""
+    dt = min(a[1], b[1]) - max(a[0], b[0])
+    dp = min(a[3], b[3]) - max(a[2], b[2])
+    return dt * dp if dt > 0 and dp > 0 else 0.0
+
+
+def _gather(
+    need: dict[int, Region], have: dict[int, Region], holders: list[dict[int, Region]],
+    state_bytes: int,
+) -> list[Transfer]:
+    """Transfers filling each GPU's missing part of ``need`` from one full set of ``holders``.
+
+    ``have`` is what a GPU holds already; each holder dict (GPU → region) covers the whole state
+    once. The first holder set is used, except that a GPU never receives from itself.
+    """
+    out: list[Transfer] = []
+    for g, want in need.items():
+        own = have.get(g)
+        for holder in holders[:1]:
+            for h, reg in holder.items():
+                if h == g:
+                    continue
+                area = overlap(want, reg)
+                if own is not None:
+                    inter = (max(want[0], reg[0]), min(want[1], reg[1]),
+                             max(want[2], reg[2]), min(want[3], reg[3]))
+                    if inter[1] > inter[0] and inter[3] > inter[2]:
+                        area -= overlap(inter, own)
+                nbytes = round(area * state_bytes)
+                if nbytes > 0:
+                    out.append(Transfer(h, g, nbytes))
+    return out
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src_gpu: int
+    dst_gpu: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Split:
+    """One unit → k replicas of a smaller layout on the same GPUs (all-gather per block)."""
+
+    src: Emu
+    into: tuple[Emu, ...]
+    state_bytes: int
+    grouping: str = "interleaved"
+
+    @property
+    def model_stage(self) -> str:
+        return self.src.model_stage
+
+    @property
+    def acquires(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def releases(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def busy_gpus(self) -> frozenset[int]:
+        return frozenset(self.src.gpus)
+
+    @property
+    def comm_groups(self) -> int:
+        return 1
+
+    def transfers(self) -> tuple[Transfer, ...]:
+        """Each GPU gathers the part of its new shard it lacks from the unit's other GPUs."""
+        lay, sub = self.src.layout, self.into[0].layout
+        have = {g: region(lay, i) for i, g in enumerate(self.src.gpus)}
+        need = {g: region(sub, i) for u in self.into for i, g in enumerate(u.gpus)}
+        return tuple(_gather(need, have, [have], self.state_bytes))
+
+    def peak_bytes(self) -> dict[int, int]:
+        """Source shard kept until the collective finishes, plus the gathered shard."""
+        old = shard_bytes(self.state_bytes, self.src.layout)
+        new = shard_bytes(self.state_bytes, self.into[0].layout)
+        return dict.fromkeys(self.src.gpus, old + new)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """k replicas → one unit of a larger layout; only the missing parts of shards are copied."""
+
+    srcs: tuple[Emu, ...]
+    into: Emu
+    state_bytes: int
+    grouping: str = "interleaved"
+
+    @property
+    def model_stage(self) -> str:
+        return self.into.model_stage
+
+    @property
+    def acquires(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def releases(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def busy_gpus(self) -> frozenset[int]:
+        return frozenset(self.into.gpus)
+
+    @property
+    def comm_groups(self) -> int:
+        return 1
+
+    def _sides(self) -> tuple[dict[int, Region], dict[int, Region], list[dict[int, Region]]]:
+        sub = self.srcs[0].layout
+        have = {g: region(sub, i) for u in self.srcs for i, g in enumerate(u.gpus)}
+        need = {g: region(self.into.layout, i) for i, g in enumerate(self.into.gpus)}
+        holders = [{g: region(sub, i) for i, g in enumerate(u.gpus)} for u in self.srcs]
+        return need, have, holders
+
+    def transfers(self) -> tuple[Transfer, ...]:
+        need, have, holders = self._sides()
+        out: list[Transfer] = []
+        for g, want in need.items():
+            # take from the replica that is not this GPU's own (it lacks exactly this part)
+            others = [h for h in holders if g not in h] or holders
+            out += _gather({g: want}, {g: have[g]}, others, self.state_bytes)
+        return tuple(out)
+
+    def peak_bytes(self) -> dict[int, int]:
+        """Resident sub-unit shard plus the received missing part."""
+        base = shard_bytes(self.state_bytes, self.srcs[0].layout)
+        out = dict.fromkeys(self.into.gpus, base)
+        for t in self.transfers():
+            out[t.dst_gpu] += t.nbytes
+        return out
+
+
+@dataclass(frozen=True)
+class Extend:
+    """A new replica on newly acquired GPUs: rank-aligned pairwise copies, one shard each."""
+
+    src: Emu
+    new: Emu
+    state_bytes: int
+
+    @property
+    def model_stage(self) -> str:
+        return self.new.model_stage
+
+    @property
+    def acquires(self) -> frozenset[int]:
+        return frozenset(self.new.gpus)
+
+    @property
+    def releases(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def busy_gpus(self) -> frozenset[int]:
+        return frozenset(self.src.gpus) | frozenset(self.new.gpus)
+
+    @property
+    def comm_groups(self) -> int:
+        return 1  # the pair communicators are created concurrently
+
+    def transfers(self) -> tuple[Transfer, ...]:
+        sb = shard_bytes(self.state_bytes, self.src.layout)
+        return tuple(Transfer(a, b, sb) for a, b in zip(self.src.gpus, self.new.gpus, strict=True))
+
+    def peak_bytes(self) -> dict[int, int]:
+        """Sender: resident shard + one contiguous send buffer; receiver: the new shard."""
+        sb = shard_bytes(self.state_bytes, self.src.layout)
+        out = dict.fromkeys(self.src.gpus, 2 * sb)
+        out.update(dict.fromkeys(self.new.gpus, sb))
+        return out
+
+
+@dataclass(frozen=True)
+class Destroy:
+    """Local teardown of one redundant unit; frees its GPUs."""
+
+    unit: Emu
+    state_bytes: int
+
+    @property
+    def model_stage(self) -> str:
+        return self.unit.model_stage
+
+    @property
+    def acquires(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def releases(self) -> frozenset[int]:
+        return frozenset(self.unit.gpus)
+
+    @property
+    def busy_gpus(self) -> frozenset[int]:
+        return frozenset(self.unit.gpus)
+
+    @property
+    def comm_groups(self) -> int:
+        return 0
+
+    def transfers(self) -> tuple[Transfer, ...]:
+        return ()
+
+    def peak_bytes(self) -> dict[int, int]:
+        return dict.fromkeys(self.unit.gpus, shard_bytes(self.state_bytes, self.unit.layout))
+
+
+Primitive = Split | Merge | Extend | Destroy
+
+KIND_ORDER: dict[type, int] = {Destroy: 0, Split: 1, Extend: 2, Merge: 3}  # release first
+
+
+def consumed(p: Primitive) -> tuple[Emu, ...]:
+    """Units a primitive ends (an Extend's source stays live)."""
+    if isinstance(p, Split):
+        return (p.src,)
+    if isinstance(p, Merge):
+        return p.srcs
+    if isinstance(p, Destroy):
+        return (p.unit,)
+    return ()
+
+
+def produced(p: Primitive) -> tuple[Emu, ...]:
+    if isinstance(p, Split):
+        return p.into
+    if isinstance(p, Merge):
+        return (p.into,)
+    if isinstance(p, Extend):
+        return (p.new,)
+    return ()
+
+
+def read_only(p: Primitive) -> tuple[Emu, ...]:
+    return (p.src,) if isinstance(p, Extend) else ()

@@ -1,0 +1,187 @@
+"""Check a transition DAG for every topological execution, not just one.
+
+The argument: if every two primitives that touch one GPU are ordered by the DAG, then the events on
+that GPU happen in the same order in every execution that starts a primitive only after its
+predecessors finished, and never overlap in time. So one symbolic run in any topological order
+decides GPU ownership and per-GPU memory for all of them. Copies: a model-stage keeps a copy
+throughout if one of its final units descends from a source unit through Splits and Merges only, or
+else if every Destroy of it comes after an Extend whose copy survives to the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nereus.emu.unit import Emu
+from nereus.errors import TransitionError
+from nereus.transition.dag import TransitionDag
+from nereus.transition.primitives import (
+    Destroy,
+    Extend,
+    Merge,
+    Split,
+    StateSizer,
+    consumed,
+    produced,
+    shard_bytes,
+)
+
+_SOURCE = -1  # lineage root of a unit present in the source collection
+
+
+def topological_order(dag: TransitionDag) -> list[int]:
+    """Kahn's algorithm; raises when the DAG has a cycle."""
+    n = len(dag.primitives)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for a, b, _ in dag.edges:
+        succ[a].append(b)
+        indeg[b] += 1
+    stack = [i for i in range(n) if indeg[i] == 0]
+    out: list[int] = []
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                stack.append(j)
+    if len(out) != n:
+        raise TransitionError(f"transition DAG has a cycle through {n - len(out)} primitives")
+    return out
+
+
+def ancestors(dag: TransitionDag, order: list[int]) -> list[int]:
+    """Bitset (Python int) of the strict ancestors of every primitive."""
+    preds = dag.preds
+    anc = [0] * len(dag.primitives)
+    for i in order:
+        a = 0
+        for p in preds[i]:
+            a |= anc[p] | (1 << p)
+        anc[i] = a
+    return anc
+
+
+def validate_dag(
+    dag: TransitionDag,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    sizer: StateSizer | None = None,
+) -> None:
+    """Raise :class:`TransitionError` unless the DAG is safe in every topological execution."""
+    order = topological_order(dag)
+    if sorted(dag.order) != list(range(len(dag.primitives))):
+        raise TransitionError("priority order is not a permutation of the primitives")
+    pos = {i: k for k, i in enumerate(dag.order)}
+    for a, b, _ in dag.edges:
+        if pos[a] > pos[b]:
+            raise TransitionError(f"priority order runs primitive {b} before its predecessor {a}")
+    anc = ancestors(dag, order)
+    prims = dag.primitives
+    touching: dict[int, list[int]] = {}
+    for i, p in enumerate(prims):
+        for g in p.busy_gpus:
+            touching.setdefault(g, []).append(i)
+    for g, idxs in touching.items():
+        for x in range(len(idxs)):
+            for y in range(x + 1, len(idxs)):
+                a, b = idxs[x], idxs[y]
+                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1:
+                    raise TransitionError(
+                        f"GPU {g}: {type(prims[a]).__name__} of {prims[a].model_stage} and "
+                        f"{type(prims[b]).__name__} of {prims[b].model_stage} are unordered"
+                    )
+    reserved = reserved_bytes or {}
+    state_bytes = {p.model_stage: p.state_bytes for p in prims}
+
+    def resident(u: Emu) -> int:
+        if sizer is not None:
+            return shard_bytes(sizer(u.model_stage), u.layout)
+        return shard_bytes(state_bytes.get(u.model_stage, 0), u.layout)
+
+    def cap_of(g: int) -> int | None:
+        if capacity_bytes is None:
+            return None
+        return capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+
+    def check_mem(g: int, b: int, what: str) -> None:
+        cap = cap_of(g)
+        if cap is not None and reserved.get(g, 0) + b > cap:
+            raise TransitionError(f"{what}: {reserved.get(g, 0) + b} bytes on GPU {g} > {cap}")
+
+    live: dict[Emu, int] = {}  # unit → producing primitive (-1: source)
+    roots: dict[Emu, frozenset[int]] = {}
+    owner: dict[int, Emu] = {}
+    readers: dict[Emu, list[int]] = {}
+    for u in dag.source:
+        if u in live:
+            raise TransitionError(f"source lists {u} twice")
+        live[u], roots[u] = -1, frozenset({_SOURCE})
+        for g in u.gpus:
+            if g in owner:
+                raise TransitionError(f"source: GPU {g} held by two units")
+            owner[g] = u
+            check_mem(g, resident(u), f"source unit of {u.model_stage}")
+    need = {v.model_stage for v in dag.target}
+    copies: dict[str, int] = {}
+    for u in live:
+        copies[u.model_stage] = copies.get(u.model_stage, 0) + 1
+    for i in dag.order:
+        p = prims[i]
+        what = f"{type(p).__name__} #{i} of {p.model_stage}"
+        ins = consumed(p) + ((p.src,) if isinstance(p, Extend) else ())
+        for u in ins:
+            if u not in live:
+                raise TransitionError(f"{what}: input unit on GPUs {u.gpus} is not live")
+            if live[u] >= 0 and not (anc[i] >> live[u]) & 1:
+                raise TransitionError(f"{what}: input not produced by an ancestor")
+        for g, b in p.peak_bytes().items():
+            check_mem(g, b, what)
+        if isinstance(p, Extend):
+            readers.setdefault(p.src, []).append(i)
+        new_roots: frozenset[int] = frozenset()
+        for u in consumed(p):
+            for r in readers.pop(u, []):
+                if not (anc[i] >> r) & 1:
+                    raise TransitionError(f"{what}: consumes a unit Extend #{r} still reads")
+            new_roots |= roots.pop(u)
+            del live[u]
+            copies[u.model_stage] -= 1
+            for g in u.gpus:
+                del owner[g]
+        if isinstance(p, Extend):
+            new_roots = frozenset({i})
+        for u in produced(p):
+            if u.model_stage != p.model_stage:
+                raise TransitionError(f"{what}: produces a unit of {u.model_stage}")
+            for g in u.gpus:
+                if g in owner:
+                    raise TransitionError(f"{what}: GPU {g} still held by {owner[g].model_stage}")
+                owner[g] = u
+                check_mem(g, resident(u), what)
+            live[u], roots[u] = i, new_roots
+            copies[u.model_stage] = copies.get(u.model_stage, 0) + 1
+        if isinstance(p, Destroy | Split | Merge) and p.model_stage in need \
+                and copies[p.model_stage] < 1:
+            raise TransitionError(f"{what}: destroys the last copy of {p.model_stage}")
+    if set(live) != set(dag.target) or len(live) != len(dag.target):
+        missing = set(dag.target) - set(live)
+        extra = set(live) - set(dag.target)
+        raise TransitionError(f"end state differs from the target: {len(missing)} missing, "
+                              f"{len(extra)} extra units")
+    final_roots: dict[str, set[int]] = {}
+    for u, unit_roots in roots.items():
+        final_roots.setdefault(u.model_stage, set()).update(unit_roots)
+    for i, p in enumerate(prims):
+        if isinstance(p, Destroy) and p.model_stage in need:
+            fr = final_roots.get(p.model_stage, set())
+            if _SOURCE in fr:
+                continue
+            if not any(r >= 0 and (anc[i] >> r) & 1 for r in fr):
+                raise TransitionError(
+                    f"Destroy #{i} of {p.model_stage} may run before any surviving copy exists"
+                )
+
+
