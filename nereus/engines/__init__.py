@@ -1,0 +1,1 @@
+"""Engines: Megatron-core model builders and (later) generation backends (effectful)."""

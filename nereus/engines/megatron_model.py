@@ -1,0 +1,138 @@
+"""Build a CPU-safe Megatron-core GPTModel from a ModelSpec at explicit tp/pp ranks (effectful).
+
+Process groups are passed to Megatron explicitly through a ``ProcessGroupCollection``; Megatron's
+global ``parallel_state`` is never initialised here. The stock local core attention allocates on
+CUDA (``parallel_state.get_global_memory_buffer``), so it is replaced by :class:`SdpaAttention`,
+which calls ``torch.nn.functional.scaled_dot_product_attention``. Positions are learned absolute
+embeddings (RoPE in Megatron moves ``inv_freq`` to CUDA).
+
+Weights are initialised with ``use_cpu_initialization=True``: Megatron draws the full (master)
+weight from torch's global RNG and keeps its rank's chunk, so the same seed gives the same
+master draws at every tp. Note that for the gated MLP the master chunk per rank is then read as
+[gate; up] locally, so the *logical* state at different tp from one seed differs; to compare
+layouts, load one global state through :func:`load_global_state` (Megatron's own metadata).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# Megatron warns about missing Transformer Engine / Apex on import; harmless on CPU.
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from nereus.spec.model import ModelSpec
+
+
+class SdpaAttention(MegatronModule):
+    """Causal core attention over torch SDPA; same call signature as Megatron's DotProductAttention.
+
+    Inputs are [s, b, heads, head_dim] (keys/values with the rank's query groups); output is
+    [s, b, heads * head_dim]. The attention mask passed by GPTModel is causal and is ignored in
+    favour of ``is_causal=True``.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: Any,
+                 attention_type: str, attention_dropout: float | None = None,
+                 softmax_scale: float | None = None, cp_comm_type: str | None = None,
+                 pg_collection: ProcessGroupCollection | None = None) -> None:
+        super().__init__(config=config)
+        self.softmax_scale = softmax_scale
+        if pg_collection is None:
+            raise ValueError("SdpaAttention needs the explicit process groups (pg_collection)")
+        self.tp_group = pg_collection.tp  # read by MegatronModule.sharded_state_dict
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
+                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+        heads, groups = query.shape[2], key.shape[2]
+        if heads != groups:
+            key = key.repeat_interleave(heads // groups, dim=2)
+            value = value.repeat_interleave(heads // groups, dim=2)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        sq, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * query.shape[3])
+
+
+@dataclass(frozen=True)
+class StageGroups:
+    """The explicit process groups one rank of one EMU uses (created by the runtime)."""
+
+    tp: dist.ProcessGroup
+    pp: dist.ProcessGroup
+    solo: dist.ProcessGroup  # this rank alone: context-parallel / data-parallel inside the unit
+    embd: dist.ProcessGroup  # first and last pipeline rank at this tp position (tied embeddings)
+    pos_embd: dist.ProcessGroup  # first pipeline rank at this tp position
+
+
+def transformer_config(spec: ModelSpec, tp: int, pp: int) -> TransformerConfig:
+    """Megatron's TransformerConfig for ``spec`` at tp×pp, CPU-safe, fp32, no dropout."""
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.kv_channels,
+        gated_linear_unit=spec.gated_mlp,
+        activation_func=F.silu if spec.gated_mlp else F.gelu,
+        normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+        qk_layernorm=spec.qk_norm,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+    )
+
+
+def layer_spec(spec: ModelSpec) -> Any:
+    """Megatron's local GPT layer spec with the core attention swapped for :class:`SdpaAttention`."""
+    ls = get_gpt_layer_local_spec(
+        normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+        qk_layernorm=spec.qk_norm,
+    )
+    ls.submodules.self_attention.submodules.core_attention = SdpaAttention
+    return ls
+
+
+def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGroups,
+              seed: int = 0) -> GPTModel:
+    """A GPTModel for pipeline stage ``pp_rank`` of a tp×pp unit; the seed fixes the master draws."""
+    if not spec.learned_positions:
+        raise ValueError(f"{spec.name}: the CPU engine supports learned absolute positions only")
+    if groups.tp.size() != tp or groups.pp.size() != pp:
+        raise ValueError(f"groups of size tp={groups.tp.size()} pp={groups.pp.size()} for {tp}x{pp}")
+    torch.manual_seed(seed)
+    pgs = ProcessGroupCollection(
+        tp=groups.tp, pp=groups.pp, cp=groups.solo, tp_cp=groups.tp, dp=groups.solo,
+        dp_cp=groups.solo, embd=groups.embd, pos_embd=groups.pos_embd,
+    )
+    return GPTModel(
+        config=transformer_config(spec, tp, pp),
+        transformer_layer_spec=layer_spec(spec),
+        vocab_size=spec.vocab_size,
+        max_sequence_length=spec.max_seq_len,
+        pre_process=pp_rank == 0,
+        post_process=pp_rank == pp - 1,
+        share_embeddings_and_output_weights=spec.tie_embeddings,
+        position_embedding_type="learned_absolute",
+        pg_collection=pgs,
+    )
