@@ -26,6 +26,7 @@ Assumptions, stated once:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,6 +90,11 @@ class _Rates:
         return self.lat_s[link] + nbytes / self.p2p_bps[link]
 
 
+@functools.lru_cache(maxsize=64)
+def _rates(gpu: GpuSpec, calib: Calibration) -> _Rates:
+    return _Rates(gpu, calib)
+
+
 def _sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float:
     """``Σ_{j=0}^{n-1} max(a1 + b1·j, a2 + b2·j)`` in closed form."""
 
@@ -101,7 +107,7 @@ def _sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float
     d0, db = a1 - a2, b1 - b2
     if db == 0:
         return part(a1, b1, 0, n) if d0 >= 0 else part(a2, b2, 0, n)
-    cross = -d0 / db
+    cross = min(float(n + 1), max(-1.0, -d0 / db))  # clamped: ±inf for a tiny slope
     if db > 0:  # line 1 wins from ceil(cross) on
         k = min(n, max(0, math.ceil(cross)))
         return part(a2, b2, 0, k) + part(a1, b1, k, n)
@@ -116,6 +122,15 @@ def _crosses(w: Workload, gpus_per_node: int, first_rank: int, count: int) -> bo
     return hi // period - first_rank // period > 0
 
 
+def _p2p_s(w: Workload, r: _Rates, inter: bool) -> float:
+    """Sends of one pipeline boundary per micro-batch (train: fwd + bwd) or round (generate)."""
+    b, h, bts = w.micro_batch, w.model.hidden_size, w.dtype_bytes
+    if w.kind == "generate":
+        return r.send_s(b * w.prompt_len * h * bts, inter) + w.gen_len * r.send_s(b * h * bts, inter)
+    sends = 2 if w.kind == "train" else 1
+    return sends * r.send_s(b * w.seq_len * h * bts, inter)
+
+
 def _stage_time(w: Workload, st: PipelineStage, r: _Rates, inter_p2p: bool) -> dict[str, float]:
     """Components of τ for one micro-batch (train/forward) or one round (generate) on ``st``."""
     m, t, bts, b = w.model, w.tp, w.dtype_bytes, w.micro_batch
@@ -128,10 +143,9 @@ def _stage_time(w: Workload, st: PipelineStage, r: _Rates, inter_p2p: bool) -> d
         gemm = 2.0 * (L * mp + head_mm) * b * s
         attn = 2.0 * s * s * q * L * b
         out["compute"] = mult * (gemm / r.gemm_flops + attn / r.attn_flops) / t
-        n_ar = 2 * mult if w.kind == "train" else 2
+        n_ar = 2 * (mult - 1) if w.kind == "train" else 2  # fwd 2, bwd 2, recompute 2
         out["tp_comm"] = n_ar * L * r.allreduce_s(b * s * h * bts, t, False)
-        sends = 0 if st.last else (2 if w.kind == "train" else 1)
-        out["pp_p2p"] = sends * r.send_s(b * s * h * bts, inter_p2p)
+        out["pp_p2p"] = 0.0 if st.last else _p2p_s(w, r, inter_p2p)
         return out
     # generation: prefill over the prompt, then gen_len decode steps
     sp, g = w.prompt_len, w.gen_len
@@ -148,10 +162,7 @@ def _stage_time(w: Workload, st: PipelineStage, r: _Rates, inter_p2p: bool) -> d
     tp_prefill = 2 * L * r.allreduce_s(b * sp * h * bts, t, False)
     tp_decode = g * 2 * L * r.allreduce_s(b * h * bts, t, False)
     out["tp_comm"] = tp_prefill + tp_decode
-    if st.last:
-        out["pp_p2p"] = 0.0
-    else:
-        out["pp_p2p"] = r.send_s(b * sp * h * bts, inter_p2p) + g * r.send_s(b * h * bts, inter_p2p)
+    out["pp_p2p"] = 0.0 if st.last else _p2p_s(w, r, inter_p2p)
     return out
 
 
@@ -159,9 +170,10 @@ def stage_latency(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibrat
     """Predicted seconds per step of ``ms`` under ``cand`` (components: see module docstring)."""
     w = workload(setup, ms, cand)
     gpu, gpn = setup.cluster.gpu, setup.cluster.gpus_per_node
-    r = _Rates(gpu, calib)
+    r = _rates(gpu, calib)
+    groups = w.distinct_stages()
     taus: list[tuple[dict[str, float], int]] = []
-    for st, count in w.distinct_stages():
+    for st, count in groups:
         comps = _stage_time(w, st, r, _crosses(w, gpn, st.pp_rank, count))
         taus.append((comps, count))
     if w.pp > 1:
@@ -172,9 +184,8 @@ def stage_latency(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibrat
         for comps, count in taus:
             base = sum(v for k, v in comps.items() if k != "pp_p2p")
             total_sum += base * count
-        st0 = w.stage(0)  # not the last stage: its sends cost what every boundary costs
-        p2p_intra = _stage_time(w, st0, r, False)["pp_p2p"]
-        p2p_inter = _stage_time(w, st0, r, True)["pp_p2p"] if n_cross else 0.0
+        p2p_intra = _p2p_s(w, r, False)
+        p2p_inter = _p2p_s(w, r, True) if n_cross else 0.0
         total_sum += n_cross * p2p_inter + (w.pp - 1 - n_cross) * p2p_intra
     else:
         total_sum = sum(taus[0][0].values())
@@ -184,7 +195,7 @@ def stage_latency(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibrat
     per_update: dict[str, float] = {k: m * v for k, v in slowest.items()}
     per_update["pp_bubble"] = max(0.0, total_sum - tau_max)
     if w.kind == "train":
-        shard_params = max(st.params for st, _ in w.distinct_stages())
+        shard_params = max(st.params for st, _ in groups)
         spans = w.dp * w.tp * w.pp > gpn
         ar = r.allreduce_s(w.dtype_bytes * shard_params, w.dp, spans)
         per_update["dp_sync"] = (1.0 - DP_OVERLAP) * ar

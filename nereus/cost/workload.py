@@ -18,6 +18,7 @@ Assumptions shared by the latency and memory models:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from nereus.errors import ConfigError
@@ -45,6 +46,34 @@ class PipelineStage:
 
 
 @dataclass(frozen=True)
+class ModelDims:
+    """Parameter counts of one architecture, computed once per ``ModelSpec``."""
+
+    num_layers: int
+    layer_params: int
+    matmul_params_per_layer: int
+    embedding_params: int
+    norm_params: int
+
+
+@functools.lru_cache(maxsize=256)
+def model_dims(m: ModelSpec) -> ModelDims:
+    norm = m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
+    qk = 2 * m.kv_channels if m.qk_norm else 0
+    layer = m.layer_params()
+    return ModelDims(m.num_layers, layer, layer - qk - 2 * norm, m.embedding_params(), norm)
+
+
+def _head_params(m: ModelSpec, head_outputs: int, pp: int) -> int:
+    norm = m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
+    if head_outputs != m.vocab_size:
+        return m.hidden_size * head_outputs + norm
+    if m.tie_embeddings and pp > 1:
+        return m.vocab_size * m.hidden_size + norm
+    return m.head_params()
+
+
+@dataclass(frozen=True)
 class Workload:
     """Shapes and batch split of one model-stage candidate (per replica)."""
 
@@ -65,32 +94,21 @@ class Workload:
     max_gen_len: int  # p95 generated tokens (memory)
     dtype_bytes: int
     recompute: bool
+    dims: ModelDims
+    head_params: int  # output or value head plus final norm (last stage)
 
     @property
     def matmul_params_per_layer(self) -> int:
         """Parameters of one layer that take part in GEMMs (all but the norms)."""
-        m = self.model
-        qk = 2 * m.kv_channels if m.qk_norm else 0
-        norms = 2 * m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
-        return m.layer_params() - qk - norms
-
-    @property
-    def head_params(self) -> int:
-        m = self.model
-        norm = m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
-        if self.head_outputs != m.vocab_size:
-            return m.hidden_size * self.head_outputs + norm
-        if m.tie_embeddings and self.pp > 1:
-            return m.vocab_size * m.hidden_size + norm
-        return m.head_params()
+        return self.dims.matmul_params_per_layer
 
     def stage(self, pp_rank: int) -> PipelineStage:
-        L, p = self.model.num_layers, self.pp
+        L, p = self.dims.num_layers, self.pp
         layers = L // p + (1 if pp_rank < L % p else 0)
         first, last = pp_rank == 0, pp_rank == p - 1
-        params = layers * self.model.layer_params()
+        params = layers * self.dims.layer_params
         if first:
-            params += self.model.embedding_params()
+            params += self.dims.embedding_params
         if last:
             params += self.head_params
         return PipelineStage(pp_rank, layers, first, last, _ceil_div(params, self.tp))
@@ -155,4 +173,6 @@ def workload(setup: Setup, ms: ModelStage, cand: Candidate) -> Workload:
         max_gen_len=job.gen_len_p95 or job.gen_len,
         dtype_bytes=job.dtype_bytes,
         recompute=cand.recompute and ms.trainable,
+        dims=model_dims(model),
+        head_params=_head_params(model, head, cand.pp),
     )

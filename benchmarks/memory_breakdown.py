@@ -1,0 +1,131 @@
+"""Per-GPU memory of Llama-3.1-8B actor training on 16 A100-64GB GPUs, from Nereus' memory model.
+
+Prints the breakdown of the most loaded GPU for (dp, tp, pp) = (4, 2, 2) and (4, 4, 1) at 2K and
+4K generated tokens, beside the Nereus paper's observation ((4,2,2) fits at 2K but runs out of
+memory at 4K; (4,4,1) fits at 4K). Batch assumptions: 1,024-token prompts, global batch 64
+prompts, one response each, one optimizer update per step, micro-batch 1 (grad_accum 16 at dp 4),
+1F1B pipeline schedule, bf16 weights and gradients, fp32 Adam state, no ZeRO, memory sized at the
+generated length itself (p95 = mean). A second table removes the ``5·a·s/h`` attention-score term
+of the activation formula (what flash attention does), to show how much of the result hangs on it.
+
+    python benchmarks/memory_breakdown.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from nereus.cost.calibration import default_calibration
+from nereus.cost.memory import MemoryBreakdown, memory_capacity_bytes, rank_memory, stage_memory
+from nereus.cost.workload import workload
+from nereus.spec.hardware import A100_64GB, ClusterSpec
+from nereus.spec.job import JobSpec, Setup
+from nereus.spec.model import LLAMA_3_1_8B
+from nereus.spec.plan import Candidate
+
+LAYOUTS = ((4, 2, 2), (4, 4, 1))  # (dp, tp, pp)
+GEN_LENS = (2048, 4096)
+PAPER = {((4, 2, 2), 2048): "fits", ((4, 2, 2), 4096): "OOM", ((4, 4, 1), 4096): "fits"}
+PROMPT_LEN = 1024
+GLOBAL_BATCH = 64
+MICRO_BATCH = 1
+
+
+def _setup(gen_len: int) -> Setup:
+    job = JobSpec(
+        algorithm="ppo", mode="sync",
+        models=tuple((r, LLAMA_3_1_8B) for r in ("actor", "critic", "reward", "reference")),
+        global_batch=GLOBAL_BATCH, prompt_len=PROMPT_LEN, gen_len=gen_len,
+    )
+    return Setup(job, ClusterSpec(2, 8, A100_64GB))
+
+
+def _scores_bytes(setup: Setup, c: Candidate, pp_rank: int) -> int:
+    """The ``5·a·s²·b/t`` part of the no-recompute activations held on ``pp_rank``."""
+    ms = setup.job.workflow.by_name("actor-train")
+    w = workload(setup, ms, c)
+    st = w.stage(pp_rank)
+    s, m = w.max_seq_len, w.model
+    per_layer = math.ceil(s * c.micro_batch * 5 * m.num_attention_heads * s / c.tp)
+    held = 0 if c.recompute else st.num_layers * min(c.pp - pp_rank, c.grad_accum)
+    return per_layer * held
+
+
+def rows(
+    recompute: bool, flash: bool, micro_batch: int = MICRO_BATCH, fp32_grads: bool = False
+) -> list[dict[str, object]]:
+    """One row per (gen length, layout); ``flash`` and ``fp32_grads`` are what-if variants
+    computed here, not options of the planner's model."""
+    calib = default_calibration()
+    out: list[dict[str, object]] = []
+    for gen in GEN_LENS:
+        setup = _setup(gen)
+        ms = setup.job.workflow.by_name("actor-train")
+        cap = memory_capacity_bytes(setup)
+        for dp, tp, pp in LAYOUTS:
+            ga = GLOBAL_BATCH // (dp * micro_batch)
+            c = Candidate("actor-train", tp, pp, dp, micro_batch, ga, recompute)
+            if flash or fp32_grads:
+                best: MemoryBreakdown | None = None
+                for r in range(pp):
+                    b = rank_memory(setup, ms, c, calib, r)
+                    act = b.activations_bytes - (_scores_bytes(setup, c, r) if flash else 0)
+                    grads = 2 * b.grads_bytes if fp32_grads else b.grads_bytes
+                    b = MemoryBreakdown(b.weights_bytes, grads, b.optimizer_bytes, act,
+                                        b.kv_cache_bytes, b.workspace_bytes)
+                    if best is None or b.peak_bytes > best.peak_bytes:
+                        best = b
+                assert best is not None
+                mb = best
+            else:
+                mb = stage_memory(setup, ms, c, calib)
+            out.append({
+                "layout": f"({dp},{tp},{pp})", "micro_batch": micro_batch, "gen_len": gen, "seq_len": setup.job.max_seq_len,
+                "weights_gb": mb.weights_bytes / 1e9, "grads_gb": mb.grads_bytes / 1e9,
+                "adam_gb": mb.optimizer_bytes / 1e9, "activations_gb": mb.activations_bytes / 1e9,
+                "workspace_gb": mb.workspace_bytes / 1e9, "peak_gb": mb.peak_bytes / 1e9,
+                "capacity_gb": cap / 1e9, "model": "fits" if mb.peak_bytes <= cap else "OOM",
+                "paper": PAPER.get(((dp, tp, pp), gen), "-"),
+            })
+    return out
+
+
+def _table(title: str, data: list[dict[str, object]]) -> str:
+    head = ("layout", "gen", "s", "weights", "grads", "Adam", "activ.", "workspace", "peak",
+            "cap.", "model", "paper")
+    lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in data:
+        cells = [str(r["layout"]), str(r["gen_len"]), str(r["seq_len"])]
+        cells += [f"{float(r[k]):.1f}" for k in ("weights_gb", "grads_gb", "adam_gb",  # type: ignore[arg-type]
+                                                  "activations_gb", "workspace_gb", "peak_gb",
+                                                  "capacity_gb")]
+        cells += [str(r["model"]), str(r["paper"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    variants = {
+        "no recompute, DESIGN formula s·b·h·(34 + 5·a·s/h)/t": rows(False, False),
+        "no recompute, without the 5·a·s/h score term (flash attention)": rows(False, True),
+        "full recompute": rows(True, False),
+        "what-if: micro-batch 2, no score term, fp32 gradients": rows(False, True, 2, True),
+    }
+    if args.json:
+        print(json.dumps({"variants": variants}, indent=1))
+        return 0
+    print("GB = 1e9 bytes, most loaded GPU of one replica; capacity = 0.9 x 64 GB")
+    for title, data in variants.items():
+        print()
+        print(_table(title, data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
