@@ -68,22 +68,23 @@ def rows(
         for dp, tp, pp in LAYOUTS:
             ga = GLOBAL_BATCH // (dp * micro_batch)
             c = Candidate("actor-train", tp, pp, dp, micro_batch, ga, recompute)
-            if flash or fp32_grads:
-                best: MemoryBreakdown | None = None
-                for r in range(pp):
-                    b = rank_memory(setup, ms, c, calib, r)
-                    act = b.activations_bytes - (_scores_bytes(setup, c, r) if flash else 0)
-                    grads = 2 * b.grads_bytes if fp32_grads else b.grads_bytes
-                    b = MemoryBreakdown(b.weights_bytes, grads, b.optimizer_bytes, act,
-                                        b.kv_cache_bytes, b.workspace_bytes)
-                    if best is None or b.peak_bytes > best.peak_bytes:
-                        best = b
-                assert best is not None
-                mb = best
-            else:
-                mb = stage_memory(setup, ms, c, calib)
+            best: MemoryBreakdown | None = None
+            best_rank = 0
+            for r in range(pp):
+                b = rank_memory(setup, ms, c, calib, r)
+                act = b.activations_bytes - (_scores_bytes(setup, c, r) if flash else 0)
+                grads = 2 * b.grads_bytes if fp32_grads else b.grads_bytes
+                b = MemoryBreakdown(b.weights_bytes, grads, b.optimizer_bytes, act,
+                                    b.kv_cache_bytes, b.workspace_bytes)
+                if best is None or b.peak_bytes > best.peak_bytes:
+                    best, best_rank = b, r
+            assert best is not None
+            mb = best
+            if not (flash or fp32_grads):  # the planner's own number
+                assert mb == stage_memory(setup, ms, c, calib)
             out.append({
-                "layout": f"({dp},{tp},{pp})", "micro_batch": micro_batch, "gen_len": gen, "seq_len": setup.job.max_seq_len,
+                "layout": f"({dp},{tp},{pp})", "micro_batch": micro_batch,
+                "pp_rank": best_rank, "gen_len": gen, "seq_len": setup.job.max_seq_len,
                 "weights_gb": mb.weights_bytes / 1e9, "grads_gb": mb.grads_bytes / 1e9,
                 "adam_gb": mb.optimizer_bytes / 1e9, "activations_gb": mb.activations_bytes / 1e9,
                 "workspace_gb": mb.workspace_bytes / 1e9, "peak_gb": mb.peak_bytes / 1e9,
@@ -94,11 +95,11 @@ def rows(
 
 
 def _table(title: str, data: list[dict[str, object]]) -> str:
-    head = ("layout", "gen", "s", "weights", "grads", "Adam", "activ.", "workspace", "peak",
+    head = ("layout", "gen", "s", "pp rank", "weights", "grads", "Adam", "activ.", "workspace", "peak",
             "cap.", "model", "paper")
     lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data:
-        cells = [str(r["layout"]), str(r["gen_len"]), str(r["seq_len"])]
+        cells = [str(r["layout"]), str(r["gen_len"]), str(r["seq_len"]), str(r["pp_rank"])]
         cells += [f"{float(r[k]):.1f}" for k in ("weights_gb", "grads_gb", "adam_gb",  # type: ignore[arg-type]
                                                   "activations_gb", "workspace_gb", "peak_gb",
                                                   "capacity_gb")]
