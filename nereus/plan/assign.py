@@ -1,0 +1,171 @@
+"""Node-aware GPU assignment of chosen candidates (pure, deterministic).
+
+Rules, in the order they are applied:
+
+1. A replica of ``tp·pp ≤ gpus_per_node`` GPUs lies inside one node (so its TP groups and PP
+   boundaries stay on the intra-node link, as the latency model assumes); a larger replica fills
+   whole nodes, its pipeline stages in node order.
+2. Lanes run concurrently, so they get disjoint GPUs: each lane's *envelope* (per block level s,
+   the most GPUs any of its phases needs in blocks of size ≥ s) is packed into nodes largest block
+   first, best fit. Phases of a lane run one after another and reuse the lane's GPUs; the
+   model-stages of one phase get disjoint GPUs, placed largest block first.
+3. Replicas of generation and inference model-stages, and of training model-stages that already
+   span nodes, are spread over nodes (fewest replicas of that model-stage first) so that a node
+   loss leaves a replica where possible; a training model-stage that fits one node is kept in one
+   node where possible, because its gradient all-reduce is predicted on the intra-node link.
+
+With power-of-two block sizes, largest-first placement into any node with room succeeds whenever
+``Σ_lanes D_l[s] ≤ Σ_n s·⌊a_n/s⌋`` holds for every level s (``nereus.plan.problem``), so
+``assign`` only fails on plans that break the GPU budgets.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+
+from nereus.errors import InfeasiblePlanError
+from nereus.plan.candidates import granule, powers_of_two
+from nereus.spec.job import Setup
+from nereus.spec.plan import Candidate, ExecutionPlan, StagePlan
+
+
+def _lane_envelope(
+    lane: Sequence[Sequence[str]], choice: Mapping[str, Candidate], gpn: int
+) -> list[int]:
+    """Block sizes (largest first) that hold every phase of the lane."""
+    levels = powers_of_two(gpn)
+    demand = []
+    for s in levels:
+        demand.append(
+            max(
+                sum(choice[n].num_gpus for n in phase if granule(choice[n].tp, choice[n].pp, gpn) >= s)
+                for phase in lane
+            )
+        )
+    blocks: list[int] = []
+    for k in range(len(levels) - 1, -1, -1):
+        above = demand[k + 1] if k + 1 < len(levels) else 0
+        blocks.extend([levels[k]] * ((demand[k] - above) // levels[k]))
+    return blocks
+
+
+def _take(
+    group: list[tuple[int, int]],
+    size: int,
+    spread: bool,
+    room: dict[int, list[int]],
+    parts: dict[int, list[int]],
+) -> str | None:
+    """Place the blocks ``(replica, block)`` of one model-stage; None, or what did not fit.
+
+    Spread: the node with the fewest replicas of this model-stage, then the most room. Pack: the
+    node with the most replicas of it, then the least room (best fit). Lowest node on ties.
+    """
+    used: dict[int, int] = {}
+
+    def key(n: int) -> tuple[int, int, int]:
+        u = used.get(n, 0)
+        return (u, -len(room[n]), n) if spread else (-u, len(room[n]), n)
+
+    heap = [(key(n), n) for n, ids in room.items() if len(ids) >= size]
+    heapq.heapify(heap)
+    for r, blk in group:
+        if not heap:
+            return f"replica {r} needs {size} GPUs in one node of its lane"
+        _, node = heapq.heappop(heap)
+        take, room[node] = room[node][:size], room[node][size:]
+        parts.setdefault(r, []).extend(take)
+        if blk == 0:
+            used[node] = used.get(node, 0) + 1
+        if len(room[node]) >= size:
+            heapq.heappush(heap, (key(node), node))
+    return None
+
+
+def assign(setup: Setup, choice: Mapping[str, Candidate], pool: Sequence[int]) -> ExecutionPlan:
+    """Place every chosen candidate on ``pool``; ``InfeasiblePlanError`` if it cannot fit."""
+    gpn = setup.cluster.gpus_per_node
+    wf = setup.job.workflow
+    free: dict[int, list[int]] = {}
+    for g in sorted(pool):
+        free.setdefault(g // gpn, []).append(g)
+    # 1. lane envelopes into nodes, largest block first, best fit, lowest node on ties.
+    blocks = [(size, li) for li, lane in enumerate(wf.lanes) for size in _lane_envelope(lane, choice, gpn)]
+    blocks.sort(key=lambda b: (-b[0], b[1]))
+    lane_gpus: list[dict[int, list[int]]] = [{} for _ in wf.lanes]
+    for size, li in blocks:
+        fits = [n for n, ids in free.items() if len(ids) >= size]
+        if not fits:
+            raise InfeasiblePlanError(f"placement: no node has {size} free GPUs for lane {li}")
+        node = min(fits, key=lambda n: (len(free[n]), n))
+        take, free[node] = free[node][:size], free[node][size:]
+        lane_gpus[li].setdefault(node, []).extend(take)
+    # 2. phases of each lane inside the lane's GPUs, largest block first.
+    replicas: dict[str, list[tuple[int, ...]]] = {}
+    for li, lane in enumerate(wf.lanes):
+        bins = {n: sorted(ids) for n, ids in lane_gpus[li].items()}
+        for phase in lane:
+            room = {n: list(ids) for n, ids in bins.items()}
+            order = sorted(
+                range(len(phase)),
+                key=lambda i: (-granule(choice[phase[i]].tp, choice[phase[i]].pp, gpn), i),
+            )
+            for i in order:
+                name = phase[i]
+                c = choice[name]
+                size = granule(c.tp, c.pp, gpn)
+                group = [(r, blk) for r in range(c.dp) for blk in range(c.replica_size // size)]
+                spread = not wf.by_name(name).trainable or c.num_gpus > gpn
+                parts: dict[int, list[int]] = {}
+                failed = _take(group, size, spread, room, parts)
+                if failed:
+                    raise InfeasiblePlanError(f"placement: {name} {failed}")
+                replicas[name] = [tuple(parts[r]) for r in range(c.dp)]
+    stages = tuple(StagePlan.place(choice[n], tuple(replicas[n])) for n in wf.names)
+    return ExecutionPlan(stages)
+
+
+def placement_errors(setup: Setup, plan: ExecutionPlan, pool: Sequence[int]) -> list[str]:
+    """Every broken placement rule of ``plan`` on ``pool`` (empty: the plan is valid)."""
+    gpn = setup.cluster.gpus_per_node
+    wf = setup.job.workflow
+    in_pool = set(pool)
+    errors: list[str] = []
+    if sorted(plan.names) != sorted(wf.names):
+        errors.append(f"plan has model-stages {plan.names}, workflow {wf.names}")
+    for sp in plan.stages:
+        if len(sp.replicas) != sp.dp:
+            errors.append(f"{sp.name}: {len(sp.replicas)} replicas, dp={sp.dp}")
+        for r, rep in enumerate(sp.replicas):
+            if len(rep) != sp.tp * sp.pp or len(set(rep)) != len(rep):
+                errors.append(f"{sp.name} replica {r}: {rep} is not tp·pp distinct GPUs")
+            if not set(rep) <= in_pool:
+                errors.append(f"{sp.name} replica {r}: GPUs {sorted(set(rep) - in_pool)} not in pool")
+            for pp_rank in range(sp.pp):
+                group = rep[pp_rank * sp.tp : (pp_rank + 1) * sp.tp]
+                if len({g // gpn for g in group}) > 1:
+                    errors.append(f"{sp.name} replica {r} pp_rank {pp_rank}: TP group spans nodes")
+            if sp.tp * sp.pp <= gpn and len({g // gpn for g in rep}) > 1:
+                errors.append(f"{sp.name} replica {r}: fits a node but spans nodes")
+        all_gpus = [g for rep in sp.replicas for g in rep]
+        if len(set(all_gpus)) != len(all_gpus):
+            errors.append(f"{sp.name}: replicas share GPUs")
+    for i, a in enumerate(plan.stages):
+        for b in plan.stages[i + 1 :]:
+            if wf.concurrent(a.name, b.name) and set(a.gpus) & set(b.gpus):
+                errors.append(f"{a.name} and {b.name} run concurrently on shared GPUs")
+    return errors
+
+
+def node_loss_survivors(setup: Setup, plan: ExecutionPlan) -> dict[str, bool]:
+    """Per model-stage: does some replica survive the loss of any single node?"""
+    gpn = setup.cluster.gpus_per_node
+    out: dict[str, bool] = {}
+    nodes = {g // gpn for sp in plan.stages for g in sp.gpus}
+    for sp in plan.stages:
+        out[sp.name] = all(
+            any(all(g // gpn != n for g in rep) for rep in sp.replicas) for n in nodes
+        )
+    return out
+

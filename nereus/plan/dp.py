@@ -1,0 +1,243 @@
+"""Dynamic programming over model-stages and phases (exact for ``nereus.plan.problem``).
+
+Per phase, the frontier candidates of its model-stages are combined one model-stage at a time
+into phase options ``(latency = max, demand = Σ, P = max persistent, PT = max peak)``, keeping the
+Pareto set. Per lane, the phases are combined into states ``(Σ latency, demand = max, Σ P,
+max (PT − P))``, keeping the Pareto set of states that can still meet the memory bound
+``Σ P + max (PT − P) ≤ capacity``. Every operation is monotone in every kept dimension, so
+dropping dominated options and states never loses the optimum. Lanes share the pool: all lanes
+but the last enumerate their Pareto (latency, demand) solutions, the last is solved on what they
+leave. Ties are broken by frontier indices, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+
+from nereus.plan.candidates import Costed, demand_of
+from nereus.plan.problem import Problem
+
+# (latency_s, demand, x, y, picks): x, y are (P, PT) for options and (Σ P, max excess) for states.
+Point = tuple[float, tuple[int, ...], int, int, tuple[int, ...]]
+
+
+class _Front:
+    """Points inserted in order of latency; keeps those no earlier point dominates."""
+
+    __slots__ = ("buckets",)
+
+    def __init__(self) -> None:
+        self.buckets: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+
+    def add(self, d: tuple[int, ...], x: int, y: int) -> bool:
+        for bd, (xs, ys) in self.buckets.items():
+            if bd is d or all(a <= b for a, b in zip(bd, d, strict=True)):
+                i = bisect_right(xs, x) - 1
+                if i >= 0 and ys[i] <= y:
+                    return False
+        xs, ys = self.buckets.setdefault(d, ([], []))
+        i = bisect_left(xs, x)
+        j = i
+        while j < len(xs) and ys[j] >= y:
+            j += 1
+        del xs[i:j]
+        del ys[i:j]
+        xs.insert(i, x)
+        ys.insert(i, y)
+        return True
+
+
+def pareto(points: list[Point]) -> list[Point]:
+    points.sort()
+    front = _Front()
+    return [p for p in points if front.add(p[1], p[2], p[3])]
+
+
+def _stage_points(front: Sequence[Costed], levels: tuple[int, ...]) -> list[Point]:
+    pts: list[Point] = [
+        (c.latency_s, demand_of(c.block, c.num_gpus, levels), c.persistent_bytes, c.peak_bytes, (i,))
+        for i, c in enumerate(front)
+    ]
+    pts.sort(key=lambda p: p[1])
+    return pts
+
+
+def _fits(d: tuple[int, ...], cap: tuple[int, ...]) -> bool:
+    return all(a <= b for a, b in zip(d, cap, strict=True))
+
+
+def phase_options(
+    stage_pts: Sequence[list[Point]], cap: tuple[int, ...], max_latency_s: float
+) -> list[Point]:
+    """Pareto options of one phase within ``cap`` and no slower than ``max_latency_s``."""
+    zero = tuple(0 for _ in cap)
+    partial: list[Point] = [(0.0, zero, 0, 0, ())]
+    for pts in stage_pts:
+        usable = [p for p in pts if p[0] <= max_latency_s]
+        new: list[Point] = []
+        for lat, dem, p, pt, picks in partial:
+            room0 = cap[0] - dem[0]
+            for l2, d2, p2, pt2, i2 in usable:
+                if d2[0] > room0:
+                    break
+                nd = tuple(a + b for a, b in zip(dem, d2, strict=True))
+                if not _fits(nd, cap):
+                    continue
+                new.append((max(lat, l2), nd, max(p, p2), max(pt, pt2), picks + i2))
+        partial = pareto(new)
+    return partial
+
+
+def _relaxed_min(stage_pts: Sequence[list[Point]], cap: tuple[int, ...]) -> float:
+    """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound)."""
+    reduced: list[list[Point]] = []
+    for pts in stage_pts:
+        fastest: dict[tuple[int, ...], float] = {}
+        for p in pts:
+            if p[0] < fastest.get(p[1], float("inf")):
+                fastest[p[1]] = p[0]
+        reduced.append(sorted(((lat, d, 0, 0, ()) for d, lat in fastest.items()), key=lambda p: p[1]))
+    opts = phase_options(reduced, cap, float("inf"))
+    return min((o[0] for o in opts), default=float("inf"))
+
+
+def solve_lane(
+    options: Sequence[list[Point]],
+    cap: tuple[int, ...],
+    capacity: int,
+    keep_demand: bool,
+    bounds: Sequence[float] = (),
+    max_latency_s: float = float("inf"),
+) -> list[Point]:
+    """Pareto states of a whole lane (``keep_demand``) or its single best state (else).
+
+    ``bounds[k]`` is a lower bound of the latency of phases k+1…; states that cannot finish
+    within ``max_latency_s`` are dropped.
+    """
+    zero: tuple[int, ...] = tuple(0 for _ in cap) if keep_demand else ()
+    states: list[Point] = [(0.0, zero, 0, 0, ())]
+    for k, opts in enumerate(options):
+        rest = bounds[k] if bounds else 0.0
+        usable = [o for o in opts if _fits(o[1], cap)]
+        if not keep_demand:  # the budget is checked: drop the demand and prune again
+            usable = pareto([(o[0], (), o[2], o[3], o[4]) for o in usable])
+        last = k == len(options) - 1
+        new: list[Point] = []
+        best: Point | None = None
+        for lat, dem, ps, ex, picks in states:
+            for l2, d2, p2, pt2, pk in usable:
+                total = lat + l2
+                if total + rest > max_latency_s:
+                    continue
+                np_ = ps + p2
+                ne = max(ex, pt2 - p2)
+                if np_ + ne > capacity:
+                    continue
+                nd = tuple(max(a, b) for a, b in zip(dem, d2, strict=True)) if keep_demand else ()
+                pt = (total, nd, np_, ne, picks + pk)
+                if last and not keep_demand:
+                    if best is None or (pt[0], pt[4]) < (best[0], best[4]):
+                        best = pt
+                else:
+                    new.append(pt)
+        if last and not keep_demand:
+            return [best] if best is not None else []
+        states = pareto(new)
+        if not states:
+            return []
+    return states
+
+
+# Relative slack over the relaxed optimum tried in turn before the unbounded search.
+ROUNDS = (1e-9, 0.02, 0.1, 0.5)
+
+
+def solve(problem: Problem) -> dict[str, Costed] | None:
+    """The optimal choice (name → candidate) under budgets and the memory bound, or None.
+
+    Searched in rounds: with the relaxed lower bound LB of every phase (co-residency ignored)
+    and a cap U = (1 + slack)·ΣLB, options and states that cannot finish within U are dropped;
+    a plan found within U is optimal (nothing within U was dropped). Otherwise the next slack,
+    and finally no cap.
+    """
+    wf = problem.workflow
+    fronts = {s.name: s.front for s in problem.spaces}
+    pts = {n: _stage_points(f, problem.levels) for n, f in fronts.items()}
+    cap = problem.caps
+    lanes = wf.lanes
+    lbs = [[_relaxed_min([pts[n] for n in phase], cap) for phase in lane] for lane in lanes]
+    lane_lb = [sum(lb) for lb in lanes_lbs] if (lanes_lbs := lbs) else []
+    floor_s = max(lane_lb, default=0.0)
+    if floor_s == float("inf"):
+        return None
+    for slack in (*ROUNDS, None):
+        limit = float("inf") if slack is None else floor_s * (1.0 + slack) * (1.0 + 1e-12)
+        got = _solve_within(problem, pts, fronts, lbs, limit)
+        if got is not None:
+            return got
+    return None
+
+
+def _solve_within(
+    problem: Problem,
+    pts: dict[str, list[Point]],
+    fronts: dict[str, tuple[Costed, ...]],
+    lbs: list[list[float]],
+    limit: float,
+) -> dict[str, Costed] | None:
+    wf, cap, capacity = problem.workflow, problem.caps, problem.capacity_bytes
+    lane_opts: list[list[list[Point]]] = []
+    rests: list[list[float]] = []
+    for lane, lb in zip(wf.lanes, lbs, strict=True):
+        total = sum(lb)
+        opts = [
+            phase_options([pts[n] for n in phase], cap, limit - (total - lb[k]) * (1 - 1e-12))
+            for k, phase in enumerate(lane)
+        ]
+        lane_opts.append(opts)
+        rests.append([sum(lb[k + 1 :]) * (1 - 1e-12) for k in range(len(lane))])
+
+    def picks_to_choice(lane: Sequence[Sequence[str]], picks: tuple[int, ...]) -> dict[str, Costed]:
+        names = [n for phase in lane for n in phase]
+        return {n: fronts[n][i] for n, i in zip(names, picks, strict=True)}
+
+    if len(wf.lanes) == 1:
+        got = solve_lane(lane_opts[0], cap, capacity, False, rests[0], limit)
+        return picks_to_choice(wf.lanes[0], got[0][4]) if got else None
+    # All lanes but the last: their Pareto (latency, demand) solutions.
+    heads: list[list[Point]] = []
+    for opts, rest in zip(lane_opts[:-1], rests[:-1], strict=True):
+        states = solve_lane(opts, cap, capacity, True, rest, limit)
+        heads.append(pareto([(s[0], s[1], 0, 0, s[4]) for s in states]))
+    best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
+    memo: dict[tuple[int, ...], Point | None] = {}
+
+    def rec(k: int, used: tuple[int, ...], lat: float, chosen: tuple[tuple[int, ...], ...]) -> None:
+        nonlocal best
+        if best is not None and lat > best[0]:
+            return
+        if k == len(heads):
+            left = tuple(c - u for c, u in zip(cap, used, strict=True))
+            if left not in memo:
+                got = solve_lane(lane_opts[-1], left, capacity, False, rests[-1], limit)
+                memo[left] = got[0] if got else None
+            tail = memo[left]
+            if tail is None:
+                return
+            cand = (max(lat, tail[0]), (*chosen, tail[4]))
+            if best is None or cand < best:
+                best = cand
+            return
+        for s in heads[k]:
+            nu = tuple(a + b for a, b in zip(used, s[1], strict=True))
+            if _fits(nu, cap):
+                rec(k + 1, nu, max(lat, s[0]), (*chosen, s[4]))
+
+    rec(0, tuple(0 for _ in cap), 0.0, ())
+    if best is None:
+        return None
+    choice: dict[str, Costed] = {}
+    for lane, picks in zip(wf.lanes, best[1], strict=True):
+        choice.update(picks_to_choice(lane, picks))
+    return choice
