@@ -71,6 +71,7 @@ class _Local:
     edges: list[tuple[int, int, str]] = field(default_factory=list)
     release: dict[int, int] = field(default_factory=dict)  # GPU → local Destroy index
     donor: bool = False
+    t_sub: Layout | None = None
 
     def add(self, p: Primitive) -> int:
         self.prims.append(p)
@@ -102,6 +103,8 @@ def _local_dag(
     state_bytes: int,
     held: Mapping[int, Emu],
     target_gpus: frozenset[int],
+    replicas: Sequence[Emu] = (),
+    donor_rank: int = 0,
 ) -> _Local | None:
     """One model-stage's local DAG through ``t_sub``; None when no copy can reach the target."""
     loc = _Local()
@@ -110,6 +113,7 @@ def _local_dag(
             d = loc.add(Destroy(u, state_bytes))
             loc.release.update(dict.fromkeys(u.gpus, d))
         return loc
+    loc.t_sub = t_sub
     # Per unit the sub-unit grouping that lands most sub-units exactly on a target slot.
     src_tuples: set[tuple[int, ...]] = set()
     for u in srcs:
@@ -148,8 +152,11 @@ def _local_dag(
     # Sources: kept sub-units and surplus ones on GPUs no target needs (nobody waits for them).
     pool = [_Source(s, 1 if s in producer else 0) for s in kept]
     pool += [_Source(s, 0) for s in surplus if target_gpus.isdisjoint(s.gpus)]
+    pool += [_Source(r, 0) for r in replicas if r.layout == t_sub]  # units already in place
     if unfilled and not pool:
-        donor = _pick_donor(loc, surplus, whole, unfilled, t_sub, state_bytes, producer, held)
+        own = frozenset(g for v in tgts for g in v.gpus)
+        donor = _pick_donor(loc, surplus, whole, unfilled, t_sub, state_bytes, producer, held,
+                            target_gpus - own, donor_rank)
         if donor is None:
             return None
         loc.donor = True
@@ -214,31 +221,43 @@ def _pick_donor(
     state_bytes: int,
     producer: dict[Emu, int],
     held: Mapping[int, Emu],
+    others_need: frozenset[int],
+    rank: int,
 ) -> Emu | None:
-    """The one copy kept until an Extend has copied it: disjoint from a slot, free slots first."""
-    def fits(s: Emu) -> int:
-        best = -1
+    """The ``rank``-th best copy to keep until an Extend has copied it (None: no more).
+
+    It must be disjoint from some unfilled slot; better when that slot's GPUs are free now, when
+    no other model-stage's target needs the donor's GPUs, and when it needs no Split.
+    """
+    def score(s: Emu) -> tuple[int, int]:
+        fit = -1
         for slot in unfilled:
             if set(s.gpus).isdisjoint(slot.gpus):
-                best = max(best, 0 if any(g in held for g in slot.gpus) else 1)
-        return best
+                fit = max(fit, 0 if any(g in held for g in slot.gpus) else 1)
+        return fit, 0 if others_need.intersection(s.gpus) else 1
 
-    scored = [(fits(s), i, s) for i, s in enumerate(surplus)]
-    scored = [x for x in scored if x[0] >= 0]
-    if scored:
-        return max(scored, key=lambda x: (x[0], -x[1]))[2]
+    cands: list[tuple[tuple[int, int, int], Emu, Emu | None]] = []
+    for s in surplus:
+        sc = score(s)
+        if sc[0] >= 0:
+            cands.append(((1, *sc), s, None))
     for w in whole:
-        subs = sub_units(w, t_sub)
-        ok = [s for s in subs if fits(s) >= 0]
-        if ok:
-            whole.remove(w)
-            i = loc.add(Split(w, subs, state_bytes))
-            for s in subs:
-                producer[s] = i
-            donor = max(ok, key=fits)
-            surplus.extend(s for s in subs if s != donor)
-            return donor
-    return None
+        for s in sub_units(w, t_sub):
+            sc = score(s)
+            if sc[0] >= 0:
+                cands.append(((0, *sc), s, w))
+    cands.sort(key=lambda c: c[0], reverse=True)  # stable: earlier units first on ties
+    if rank >= len(cands):
+        return None
+    _, donor, parent = cands[rank]
+    if parent is not None:
+        whole.remove(parent)
+        subs = sub_units(parent, t_sub)
+        i = loc.add(Split(parent, subs, state_bytes))
+        for s in subs:
+            producer[s] = i
+        surplus.extend(s for s in subs if s != donor)
+    return donor
 
 
 def compile_transition(
@@ -264,41 +283,59 @@ def compile_transition(
     names = sorted(src_state, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
     tgt_set = set(target)
     by_src: dict[str, list[Emu]] = {m: [] for m in names}
+    in_place: dict[str, list[Emu]] = {m: [] for m in names}
     by_tgt: dict[str, list[Emu]] = {m: [] for m in names}
     for u in source:
-        if u not in tgt_set:
-            by_src[u.model_stage].append(u)
+        (by_src if u not in tgt_set else in_place)[u.model_stage].append(u)
     src_set = set(source)
     for v in target:
         if v not in src_set:
             by_tgt[v.model_stage].append(v)
     held = {g: u for u in source for g in u.gpus}
     target_gpus = frozenset(g for v in target for g in v.gpus)
-    cands = {m: t_sub_candidates([u.layout for u in by_src[m] + by_tgt[m]]) for m in names}
-    choice = dict.fromkeys(names, 0)
+    cands = {m: t_sub_candidates([u.layout for u in (by_src[m] or in_place[m]) + by_tgt[m]])
+             for m in names}
+    choice = {m: [0, 0] for m in names}  # (T_sub candidate, donor rank) per model-stage
+
+    def local_for(m: str) -> _Local | None:
+        """The local DAG at ``choice[m]`` or the next choice that compiles (None: none left)."""
+        if not by_tgt[m]:
+            return _local_dag(by_src[m], [], Layout(1, 1), sizer(m), held, target_gpus)
+        while choice[m][0] < len(cands[m]):
+            loc = _local_dag(by_src[m], by_tgt[m], cands[m][choice[m][0]], sizer(m), held,
+                             target_gpus, in_place[m], choice[m][1])
+            if loc is not None:
+                return loc
+            choice[m] = [choice[m][0] + 1, 0]
+        return None
+
+    locs: dict[str, _Local] = {}
+    for m in names:
+        loc = local_for(m)
+        if loc is None:
+            raise TransitionError(f"{m}: no copy of its state can reach the target GPUs "
+                                  "(every copy sits on GPUs its target needs)")
+        locs[m] = loc
+    exhausted: set[str] = set()
     while True:
-        locs: dict[str, _Local] = {}
-        for m in names:
-            loc = None
-            while loc is None:
-                if choice[m] >= len(cands[m]):
-                    raise TransitionError(f"{m}: no copy of its state can reach the target GPUs "
-                                          "(every copy sits on GPUs its target needs)")
-                loc = _local_dag(by_src[m], by_tgt[m], cands[m][choice[m]], sizer(m), held,
-                                 target_gpus)
-                if loc is None:
-                    choice[m] += 1
-            locs[m] = loc
         dag, cycle = _assemble(source, target, names, locs, cands, choice, rank)
         if not cycle:
             break
-        retry = [m for m in cycle if locs[m].donor and choice[m] + 1 < len(cands[m])]
-        if not retry:
+        for m in dict.fromkeys(cycle):  # another donor or a finer T_sub for one of them
+            if not locs[m].donor or m in exhausted:
+                continue
+            saved = list(choice[m])
+            choice[m][1] += 1
+            loc = local_for(m)
+            if loc is not None:
+                locs[m] = loc
+                break
+            choice[m] = saved
+            exhausted.add(m)
+        else:
             raise TransitionError("circular wait between model-stages: " + " → ".join(cycle)
                                   + " (each keeps the last copy of its state on GPUs another's "
                                   "target needs)")
-        for m in retry:
-            choice[m] += 1
     if capacity_bytes is not None:
         check_memory(dag, capacity_bytes, reserved_bytes)
     return dag
@@ -310,7 +347,7 @@ def _assemble(
     names: list[str],
     locs: dict[str, _Local],
     cands: dict[str, tuple[Layout, ...]],
-    choice: dict[str, int],
+    choice: dict[str, list[int]],
     rank: Mapping[str, int],
 ) -> tuple[TransitionDag, list[str]]:
     prims: list[Primitive] = []
@@ -350,8 +387,7 @@ def _assemble(
             indeg[j] -= 1
             if indeg[j] == 0:
                 heapq.heappush(heap, key(j))
-    t_sub = tuple((m, cands[m][choice[m]].tp, cands[m][choice[m]].pp) for m in names
-                  if cands[m])
+    t_sub = tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None)
     dag = TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges), tuple(order),
                         t_sub)
     if len(order) == n:
@@ -361,15 +397,19 @@ def _assemble(
 
 def _cycle_names(prims: list[Primitive], succ: list[list[int]], left: set[int]) -> list[str]:
     """Model-stages along one cycle among the nodes Kahn's algorithm could not order."""
-    start = min(left)
+    preds: dict[int, list[int]] = {j: [] for j in left}
+    for a in left:
+        for b in succ[a]:
+            if b in left:
+                preds[b].append(a)
     seen: dict[int, int] = {}
     path: list[int] = []
-    i = start
-    while i not in seen:
+    i = min(left)
+    while i not in seen:  # every unordered node has an unordered predecessor: walk back
         seen[i] = len(path)
         path.append(i)
-        i = next(j for j in succ[i] if j in left)
-    cyc = path[seen[i]:]
+        i = preds[i][0]
+    cyc = path[seen[i]:][::-1]
     out: list[str] = []
     for j in cyc:
         if not out or out[-1] != prims[j].model_stage:

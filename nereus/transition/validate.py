@@ -18,15 +18,11 @@ from nereus.transition.dag import TransitionDag
 from nereus.transition.primitives import (
     Destroy,
     Extend,
-    Merge,
-    Split,
     StateSizer,
     consumed,
     produced,
     shard_bytes,
 )
-
-_SOURCE = -1  # lineage root of a unit present in the source collection
 
 
 def topological_order(dag: TransitionDag) -> list[int]:
@@ -111,14 +107,25 @@ def validate_dag(
         if cap is not None and reserved.get(g, 0) + b > cap:
             raise TransitionError(f"{what}: {reserved.get(g, 0) + b} bytes on GPU {g} > {cap}")
 
-    live: dict[Emu, int] = {}  # unit → producing primitive (-1: source)
-    roots: dict[Emu, frozenset[int]] = {}
+    live: dict[Emu, int] = {}  # unit → lineage record id
+    rec_producer: list[int] = []  # -1: source
+    rec_consumer: list[int] = []  # -1: alive at the end
+    rec_children: list[list[int]] = []
+    rec_stage: list[str] = []
     owner: dict[int, Emu] = {}
     readers: dict[Emu, list[int]] = {}
+
+    def new_record(u: Emu, producer: int) -> None:
+        live[u] = len(rec_producer)
+        rec_producer.append(producer)
+        rec_consumer.append(-1)
+        rec_children.append([])
+        rec_stage.append(u.model_stage)
+
     for u in dag.source:
         if u in live:
             raise TransitionError(f"source lists {u} twice")
-        live[u], roots[u] = -1, frozenset({_SOURCE})
+        new_record(u, -1)
         for g in u.gpus:
             if g in owner:
                 raise TransitionError(f"source: GPU {g} held by two units")
@@ -126,7 +133,7 @@ def validate_dag(
             check_mem(g, resident(u), f"source unit of {u.model_stage}")
     need = {v.model_stage for v in dag.target}
     copies: dict[str, int] = {}
-    for u in live:
+    for u in dag.source:
         copies[u.model_stage] = copies.get(u.model_stage, 0) + 1
     for i in dag.order:
         p = prims[i]
@@ -135,24 +142,23 @@ def validate_dag(
         for u in ins:
             if u not in live:
                 raise TransitionError(f"{what}: input unit on GPUs {u.gpus} is not live")
-            if live[u] >= 0 and not (anc[i] >> live[u]) & 1:
+            prod = rec_producer[live[u]]
+            if prod >= 0 and not (anc[i] >> prod) & 1:
                 raise TransitionError(f"{what}: input not produced by an ancestor")
         for g, b in p.peak_bytes().items():
             check_mem(g, b, what)
         if isinstance(p, Extend):
             readers.setdefault(p.src, []).append(i)
-        new_roots: frozenset[int] = frozenset()
+        parents: list[int] = []
         for u in consumed(p):
             for r in readers.pop(u, []):
                 if not (anc[i] >> r) & 1:
                     raise TransitionError(f"{what}: consumes a unit Extend #{r} still reads")
-            new_roots |= roots.pop(u)
-            del live[u]
-            copies[u.model_stage] -= 1
+            rid = live.pop(u)
+            rec_consumer[rid] = i
+            parents.append(rid)
             for g in u.gpus:
                 del owner[g]
-        if isinstance(p, Extend):
-            new_roots = frozenset({i})
         for u in produced(p):
             if u.model_stage != p.model_stage:
                 raise TransitionError(f"{what}: produces a unit of {u.model_stage}")
@@ -161,27 +167,82 @@ def validate_dag(
                     raise TransitionError(f"{what}: GPU {g} still held by {owner[g].model_stage}")
                 owner[g] = u
                 check_mem(g, resident(u), what)
-            live[u], roots[u] = i, new_roots
-            copies[u.model_stage] = copies.get(u.model_stage, 0) + 1
-        if isinstance(p, Destroy | Split | Merge) and p.model_stage in need \
-                and copies[p.model_stage] < 1:
+            new_record(u, i)
+            for rid in parents:
+                rec_children[rid].append(live[u])
+        copies[p.model_stage] = copies.get(p.model_stage, 0) + len(produced(p)) - len(consumed(p))
+        if p.model_stage in need and copies[p.model_stage] < 1:
             raise TransitionError(f"{what}: destroys the last copy of {p.model_stage}")
     if set(live) != set(dag.target) or len(live) != len(dag.target):
         missing = set(dag.target) - set(live)
         extra = set(live) - set(dag.target)
         raise TransitionError(f"end state differs from the target: {len(missing)} missing, "
                               f"{len(extra)} extra units")
-    final_roots: dict[str, set[int]] = {}
-    for u, unit_roots in roots.items():
-        final_roots.setdefault(u.model_stage, set()).update(unit_roots)
-    for i, p in enumerate(prims):
-        if isinstance(p, Destroy) and p.model_stage in need:
-            fr = final_roots.get(p.model_stage, set())
-            if _SOURCE in fr:
+    _check_copies(dag, anc, need, rec_producer, rec_consumer, rec_children, rec_stage)
+
+
+def _check_copies(
+    dag: TransitionDag,
+    anc: list[int],
+    need: set[str],
+    producer: list[int],
+    consumer: list[int],
+    children: list[list[int]],
+    stage: list[str],
+) -> None:
+    """Every Destroy of a needed model-stage runs while another lineage of it is surely alive.
+
+    A lineage (a unit and what Splits and Merges make of it) is alive from its producer until the
+    last Destroy that ends it. Destroy ``d`` is safe if some other lineage was made before ``d``
+    and one Destroy ending it comes after ``d`` or after a copy that survives was made.
+    """
+    n = len(producer)
+    ends: list[frozenset[int] | None] = [None] * n  # None: survives to the end
+    for r in reversed(range(n)):  # children have larger ids
+        c = consumer[r]
+        if c < 0:
+            ends[r] = None
+        elif not children[r]:
+            ends[r] = frozenset({c})
+        else:
+            acc: set[int] = set()
+            for ch in children[r]:
+                e = ends[ch]
+                if e is None:
+                    break
+                acc |= e
+            else:
+                ends[r] = frozenset(acc)
                 continue
-            if not any(r >= 0 and (anc[i] >> r) & 1 for r in fr):
-                raise TransitionError(
-                    f"Destroy #{i} of {p.model_stage} may run before any surviving copy exists"
-                )
-
-
+            ends[r] = None
+    surv_mask: dict[str, int] = {}  # producers of lineages that survive (-1: from the source)
+    from_source: set[str] = set()
+    for r in range(n):
+        if ends[r] is None:
+            if producer[r] < 0:
+                from_source.add(stage[r])
+            else:
+                surv_mask[stage[r]] = surv_mask.get(stage[r], 0) | (1 << producer[r])
+    for d, p in enumerate(dag.primitives):
+        if not isinstance(p, Destroy) or p.model_stage not in need:
+            continue
+        if p.model_stage in from_source:
+            continue
+        mask = surv_mask.get(p.model_stage, 0)
+        if anc[d] & mask:
+            continue
+        ok = False
+        for r in range(n):
+            if stage[r] != p.model_stage or consumer[r] == d:
+                continue
+            if producer[r] >= 0 and not (anc[d] >> producer[r]) & 1:
+                continue
+            e = ends[r]
+            # alive at d, or ended only after a surviving copy was made
+            if e is None or any(x != d and ((anc[x] >> d) & 1 or anc[x] & mask) for x in e):
+                ok = True
+                break
+        if not ok:
+            raise TransitionError(
+                f"Destroy #{d} of {p.model_stage} may run while no other copy is surely alive"
+            )

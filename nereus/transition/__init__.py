@@ -1,0 +1,1 @@
+"""The global transition DAG: compile, validate, cost and schedule plan changes (pure)."""
