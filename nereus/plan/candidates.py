@@ -130,7 +130,7 @@ def micro_batches(per_replica: int, kind: str) -> tuple[int, ...]:
     return tuple(bs)
 
 
-def layouts(setup: Setup, ms: ModelStage, pool_size: int) -> tuple[tuple[int, int], ...]:
+def layouts_of(setup: Setup, ms: ModelStage, pool_size: int) -> tuple[tuple[int, int], ...]:
     """``(tp, pp)`` pairs of the plan space that fit ``pool_size`` GPUs."""
     model = setup.job.model(ms.role)
     gpn = setup.cluster.gpus_per_node
@@ -153,7 +153,7 @@ def enumerate_candidates(setup: Setup, ms: ModelStage, pool_size: int) -> tuple[
     out: list[Candidate] = []
     if seqs <= 0:
         return ()
-    for tp, pp in layouts(setup, ms, pool_size):
+    for tp, pp in layouts_of(setup, ms, pool_size):
         max_dp = pool_size // (tp * pp)
         for dp in range(1, min(max_dp, seqs) + 1):
             if seqs % dp:
@@ -205,6 +205,19 @@ class CostCache:
         if got is None:
             got = build_table(setup, ms, calib)
             self._tables[ms.name] = got
+        return got
+
+    def pinned(
+        self, setup: Setup, ms: ModelStage, calib: Calibration, layout: tuple[int, int]
+    ) -> StageTable:
+        """The table of ``ms`` restricted to one (tp, pp) layout, with its own frontier."""
+        key = f"{ms.name}@{layout[0]}x{layout[1]}"
+        got = self._tables.get(key)
+        if got is None:
+            full = self.table(setup, ms, calib)
+            feasible = tuple(c for c in full.feasible if (c.cand.tp, c.cand.pp) == layout)
+            got = StageTable(ms.name, feasible, frontier(feasible), full.sizes, full.peaks)
+            self._tables[key] = got
         return got
 
 

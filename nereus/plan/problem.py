@@ -31,7 +31,7 @@ from nereus.plan.candidates import (
     Costed,
     StageTable,
     demand_of,
-    layouts,
+    layouts_of,
     node_counts,
     pool_levels,
 )
@@ -111,9 +111,14 @@ def check_pool(setup: Setup, pool: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def build_problem(
-    setup: Setup, calib: Calibration, pool: tuple[int, ...], cache: CostCache
+    setup: Setup,
+    calib: Calibration,
+    pool: tuple[int, ...],
+    cache: CostCache,
+    layouts: Mapping[str, tuple[int, int]] | None = None,
 ) -> Problem:
-    """Restrict every costed plan space to ``pool``; ``InfeasiblePlanError`` if one is empty."""
+    """Restrict every costed plan space to ``pool`` (and a model-stage named in ``layouts`` to
+    that (tp, pp)); ``InfeasiblePlanError`` if one is empty."""
     if not pool:
         raise InfeasiblePlanError("the GPU pool is empty")
     workflow = setup.job.workflow
@@ -121,13 +126,25 @@ def build_problem(
     levels, caps = pool_levels(pool, setup.cluster.gpus_per_node)
     spaces: list[StageSpace] = []
     for ms in workflow.model_stages:
-        table = cache.table(setup, ms, calib)
+        if layouts is not None and ms.name in layouts:
+            tp, pp = layouts[ms.name]
+            table = cache.pinned(setup, ms, calib, (int(tp), int(pp)))
+        else:
+            table = cache.table(setup, ms, calib)
         front = tuple(c for c in table.front if _fits(c, levels, caps))
         spaces.append(StageSpace(ms.name, table, levels, caps, front))
     short = [s for s in spaces if not s.front]
     if short:
         gpn = setup.cluster.gpus_per_node
         no_space = [s for s in short if s.enumerated == 0]
+        pinned = [s for s in short if layouts is not None and s.name in layouts]
+        if pinned:
+            s = pinned[0]
+            assert layouts is not None
+            raise InfeasiblePlanError(
+                f"{s.name} has no memory-feasible candidate with (tp, pp) = {tuple(layouts[s.name])} "
+                f"on {len(pool)} GPUs"
+            )
         if no_space:
             s = no_space[0]
             raise InfeasiblePlanError(
@@ -136,7 +153,7 @@ def build_problem(
             )
         worst = max(short, key=lambda s: s.min_peak_bytes)
         ms = workflow.by_name(worst.name)
-        lay = layouts(setup, ms, len(pool))
+        lay = layouts_of(setup, ms, len(pool))
         max_tp = max((t for t, _ in lay), default=1)
         max_pp = max((p for _, p in lay), default=1)
         if worst.min_peak_bytes <= capacity:  # fits memory, but not the nodes of this pool

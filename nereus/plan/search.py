@@ -25,7 +25,7 @@ from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 METHODS = ("dp", "exhaustive", "milp")
 MAX_FALLBACKS = 8
@@ -61,11 +61,13 @@ def search_plan(
     method: str = "dp",
     time_limit_s: float = 60.0,
     cache: CostCache | None = None,
+    layouts: Mapping[str, tuple[int, int]] | None = None,
 ) -> PlanResult:
     """The plan minimizing the predicted step time on ``pool`` (default: the whole cluster).
 
     ``cache`` keeps cost evaluations across calls with the same setup and calibration (a replan
-    after a pool change); without it every candidate is costed afresh. Raises
+    after a pool change); without it every candidate is costed afresh. ``layouts`` pins the
+    (tp, pp) of the model-stages it names (DP and placement are still searched). Raises
     ``InfeasiblePlanError`` naming the tightest constraint when no plan fits.
     """
     if method not in METHODS:
@@ -74,7 +76,9 @@ def search_plan(
         raise ConfigError("time_limit_s", time_limit_s, "must be > 0")
     calib = calib if calib is not None else default_calibration()
     pool_t = check_pool(setup, pool)
-    problem = build_problem(setup, calib, pool_t, cache if cache is not None else CostCache())
+    problem = build_problem(
+        setup, calib, pool_t, cache if cache is not None else CostCache(), layouts
+    )
     capacity = problem.capacity_bytes
     for _ in range(MAX_FALLBACKS):
         choice = _solve(problem, method, time_limit_s)

@@ -1,0 +1,133 @@
+"""Why a plan was chosen: critical path, per model-stage latency and per-GPU memory (text, JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nereus.cost.calibration import Calibration, default_calibration
+from nereus.cost.memory import MemoryBreakdown, rank_memory
+from nereus.plan.search import PlanResult
+from nereus.spec.job import Setup
+
+GB = 1e9
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f}"
+
+
+def critical_path(result: PlanResult, setup: Setup) -> list[str]:
+    """Lines: each lane's phases, their time and the model-stage that sets it."""
+    lat = {s.name: s.total_s for s in result.stage_latencies}
+    lanes = setup.job.workflow.lanes
+    totals = [sum(max(lat[n] for n in phase) for phase in lane) for lane in lanes]
+    critical = max(range(len(lanes)), key=lambda i: totals[i])
+    lines = []
+    for i, lane in enumerate(lanes):
+        steps = []
+        for phase in lane:
+            slowest = max(phase, key=lambda n: lat[n])
+            others = f" (with {', '.join(n for n in phase if n != slowest)})" if len(phase) > 1 else ""
+            steps.append(f"{slowest} {lat[slowest]:.3f} s{others}")
+        mark = "critical " if i == critical and len(lanes) > 1 else ""
+        lines.append(f"  {mark}lane {i}: " + " → ".join(steps) + f"  = {totals[i]:.3f} s")
+    return lines
+
+
+def _placed_on(result: PlanResult, gpu: int) -> list[tuple[str, int]]:
+    """(model-stage, pp_rank) of every replica position on ``gpu``."""
+    out = []
+    for sp in result.plan.stages:
+        for rep in sp.replicas:
+            for pos, g in enumerate(rep):
+                if g == gpu:
+                    out.append((sp.name, pos // sp.tp))
+    return out
+
+
+def _breakdown_row(label: str, mb: MemoryBreakdown) -> str:
+    return (
+        f"    {label:<22} weights {_gb(mb.weights_bytes):>6}  grads {_gb(mb.grads_bytes):>6}  "
+        f"adam {_gb(mb.optimizer_bytes):>6}  act {_gb(mb.activations_bytes):>6}  "
+        f"kv {_gb(mb.kv_cache_bytes):>6}  ws {_gb(mb.workspace_bytes):>4} GB"
+    )
+
+
+def explain(result: PlanResult, setup: Setup, calib: Calibration | None = None) -> str:
+    """A table for people: the plan, why it is fast, and where its memory goes."""
+    calib = calib if calib is not None else default_calibration()
+    wf = setup.job.workflow
+    peaks = dict(result.gpu_peak_bytes)
+    used = sorted(peaks)
+    lines = [
+        f"plan ({result.method}): predicted step {result.predicted_step_s:.3f} s, "
+        f"peak {_gb(result.peak_memory_bytes)} GB of {_gb(result.capacity_bytes)} GB usable per GPU, "
+        f"{len(used)} GPUs used, {result.candidates_considered} candidates considered",
+        "critical path (lanes concurrent, phases in sequence, model-stages of a phase concurrent):",
+        *critical_path(result, setup),
+        "model-stages:",
+        f"  {'name':<14}{'tp':>3}{'pp':>4}{'dp':>5}{'b':>5}{'a':>5} {'rc':<3}{'gpus':>6}"
+        f"{'latency s':>11}  components (s)",
+    ]
+    lat = {s.name: s for s in result.stage_latencies}
+    for sp in result.plan.stages:
+        sl = lat[sp.name]
+        comps = ", ".join(f"{k} {v:.3f}" for k, v in sl.components if v > 0)
+        lines.append(
+            f"  {sp.name:<14}{sp.tp:>3}{sp.pp:>4}{sp.dp:>5}{sp.micro_batch:>5}{sp.grad_accum:>5} "
+            f"{'y' if sp.recompute else 'n':<3}{sp.num_gpus:>6}{sl.total_s:>11.3f}  {comps}"
+        )
+    lines.append("memory: the most loaded GPU of each model-stage (persistent state of every")
+    lines.append("model-stage placed there adds up; transient bytes only while it runs):")
+    gpn = setup.cluster.gpus_per_node
+    for sp in result.plan.stages:
+        gpu = max(sp.gpus, key=lambda g: (peaks.get(g, 0), -g))
+        lines.append(
+            f"  {sp.name}: GPU {gpu} (node {gpu // gpn}) {_gb(peaks.get(gpu, 0))} GB "
+            f"of {_gb(result.capacity_bytes)} GB"
+        )
+        for name, pp_rank in _placed_on(result, gpu):
+            other = result.plan.stage(name)
+            mb = rank_memory(setup, wf.by_name(name), other.candidate, calib, pp_rank)
+            lines.append(_breakdown_row(f"{name} pp{pp_rank}", mb))
+    return "\n".join(lines)
+
+
+def plan_result_to_json(result: PlanResult) -> dict[str, Any]:
+    """The plan as plain JSON data (the CLI adds ``decision_ms``)."""
+    lat = {s.name: s for s in result.stage_latencies}
+    mem = dict(result.stage_memory)
+    stages = []
+    for sp in result.plan.stages:
+        sl = lat[sp.name]
+        stages.append(
+            {
+                "name": sp.name,
+                "tp": sp.tp,
+                "pp": sp.pp,
+                "dp": sp.dp,
+                "micro_batch": sp.micro_batch,
+                "grad_accum": sp.grad_accum,
+                "recompute": sp.recompute,
+                "gpus": list(sp.gpus),
+                "replicas": [list(r) for r in sp.replicas],
+                "latency_s": sl.total_s,
+                "components_s": dict(sl.components),
+                "peak_bytes": mem[sp.name].peak_bytes,
+            }
+        )
+    return {
+        "feasible": True,
+        "method": result.method,
+        "predicted_step_s": result.predicted_step_s,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "capacity_bytes": result.capacity_bytes,
+        "candidates_considered": result.candidates_considered,
+        "model_stages": stages,
+        "gpu_peak_bytes": {str(g): b for g, b in result.gpu_peak_bytes},
+    }
+
+
+def infeasible_to_json(reason: str) -> dict[str, Any]:
+    """The JSON answer when no plan fits."""
+    return {"feasible": False, "reason": reason}
