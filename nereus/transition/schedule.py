@@ -147,11 +147,22 @@ def drive(sched: Scheduler, executor: Executor) -> list[int]:
 
 
 class SimulatedExecutor:
-    """Virtual-clock executor: primitive ``i`` takes ``delay_s[i] + durations_s[i]``."""
+    """Virtual-clock executor.
 
-    def __init__(self, durations_s: Sequence[float], delay_s: Sequence[float] | None = None):
+    Primitive ``i`` started at ``t`` finishes at ``max(t, not_before_s[i]) + delay_s[i] +
+    durations_s[i]`` (a late launch or a dispatch latency holds its GPUs meanwhile).
+    """
+
+    def __init__(
+        self,
+        durations_s: Sequence[float],
+        delay_s: Sequence[float] | None = None,
+        not_before_s: Sequence[float] | None = None,
+    ):
+        n = len(durations_s)
         self.durations_s = list(durations_s)
-        self.delay_s = list(delay_s) if delay_s is not None else [0.0] * len(self.durations_s)
+        self.delay_s = list(delay_s) if delay_s is not None else [0.0] * n
+        self.not_before_s = list(not_before_s) if not_before_s is not None else [0.0] * n
         self.now_s = 0.0
         self.start_s: dict[int, float] = {}
         self.finish_s: dict[int, float] = {}
@@ -159,7 +170,8 @@ class SimulatedExecutor:
 
     def start(self, index: int, primitive: Primitive) -> None:
         self.start_s[index] = self.now_s
-        fin = self.now_s + self.delay_s[index] + self.durations_s[index]
+        begin = max(self.now_s, self.not_before_s[index])
+        fin = begin + self.delay_s[index] + self.durations_s[index]
         heapq.heappush(self._heap, (fin, index))
 
     def wait(self) -> Sequence[int]:
@@ -186,12 +198,13 @@ def simulate(
     durations_s: Sequence[float],
     *,
     delay_s: Sequence[float] | None = None,
+    not_before_s: Sequence[float] | None = None,
     capacity_bytes: int | Mapping[int, int] | None = None,
     reserved_bytes: Mapping[int, int] | None = None,
 ) -> SimResult:
     """Discrete-event simulation of the DAG with the same scheduler core as real execution."""
     sched = Scheduler(dag, capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes)
-    ex = SimulatedExecutor(durations_s, delay_s)
+    ex = SimulatedExecutor(durations_s, delay_s, not_before_s)
     order = drive(sched, ex)
     n = len(dag.primitives)
     return SimResult(

@@ -1,0 +1,216 @@
+"""Global transition DAG: planning time and schedule quality, and deadlock-freedom under overlap.
+
+(a) Planning: Llama-3.1-8B PPO (six model-stages, bf16 weights, fp32 Adam for the two trainers) on
+H200 nodes of 8 GPUs, 32…1,024 GPUs; the target plan changes dp of four model-stages and tp/pp of
+four, with the block boundaries shifting so that model-stages take over each other's GPUs. Ours =
+compile + validate + cost (median of repeats); the exact scheduler is a time-capped MILP over the
+same primitives and forced precedences; gap = our simulated makespan vs. the MILP's.
+
+(b) Overlap: 100 trials per overlap type with random placements of the current and target plans
+(TP groups inside a node) and random launch timing (per model-stage start offset and per-primitive
+dispatch latency). A target our compiler reports infeasible (a genuine swap with no GPU to stage
+through, or one it cannot order) is redrawn and counted in ``redrawn``; both methods then run the
+same feasible transition. Per-component failures are counted at the timeout. Mode "sim" only: the
+"real on 8 CPU ranks" mode needs the runtime's primitive executor (not in this module yet).
+
+    python benchmarks/transition_dag.py [--json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+
+from nereus.emu.unit import emus_of_plan
+from nereus.errors import TransitionError
+from nereus.spec.hardware import H200, ClusterSpec
+from nereus.spec.model import LLAMA_3_1_8B
+from nereus.spec.plan import ExecutionPlan, StagePlan
+from nereus.transition.baselines import exact_makespan, per_component_simulate
+from nereus.transition.compile import compile_transition
+from nereus.transition.cost import durations_s, transition_cost_s
+from nereus.transition.primitives import model_state_sizer
+from nereus.transition.schedule import simulate
+from nereus.transition.validate import validate_dag
+
+GPN = 8
+CAP = H200.memory_bytes
+STATES = {"actor-gen": "actor", "ref-inf": "reference", "reward-inf": "reward",
+          "critic-inf": "critic", "actor-train": "actor", "critic-train": "critic"}
+SIZER = model_state_sizer({m: LLAMA_3_1_8B for m in STATES},
+                          {m: m.endswith("-train") for m in STATES})
+# (model-stage, sixteenths of the pool, tp, pp) in block order, current → target
+PLAN_CUR = (("actor-gen", 4, 2, 1), ("ref-inf", 2, 1, 1), ("reward-inf", 2, 2, 1),
+            ("critic-inf", 2, 1, 1), ("actor-train", 4, 4, 2), ("critic-train", 2, 4, 1))
+PLAN_TGT = (("actor-gen", 6, 1, 1), ("ref-inf", 1, 2, 1), ("reward-inf", 1, 1, 1),
+            ("critic-inf", 2, 2, 1), ("actor-train", 4, 8, 1), ("critic-train", 2, 2, 2))
+# overlap types: (name, GPUs, [(model-stage, GPUs, tp, pp) current], [... target])
+OVERLAPS = (
+    ("same-model cross-stage", 32,
+     (("actor-gen", 16, 2, 1), ("actor-train", 16, 4, 2)),
+     (("actor-gen", 8, 1, 1), ("actor-train", 24, 8, 1))),
+    ("cross-model same-stage", 48,
+     (("ref-inf", 16, 2, 1), ("reward-inf", 16, 4, 1), ("critic-inf", 16, 2, 2)),
+     (("ref-inf", 8, 1, 1), ("reward-inf", 24, 2, 1), ("critic-inf", 16, 4, 1))),
+    ("cross-model cross-stage", 48,
+     (("actor-gen", 16, 2, 1), ("reward-inf", 16, 2, 1), ("critic-train", 16, 4, 2)),
+     (("actor-gen", 24, 1, 1), ("reward-inf", 8, 4, 1), ("critic-train", 16, 8, 1))),
+)
+TIMEOUT_S = 60.0
+LAUNCH_JITTER_S = 2.0
+DISPATCH_JITTER_S = 0.2
+
+
+def _block_plan(n: int, spec: tuple[tuple[str, int, int, int], ...]) -> ExecutionPlan:
+    stages, off = [], 0
+    for name, sixteenths, tp, pp in spec:
+        size = n * sixteenths // 16
+        reps = tuple(tuple(range(off + r * tp * pp, off + (r + 1) * tp * pp))
+                     for r in range(size // (tp * pp)))
+        stages.append(StagePlan(name, tp, pp, len(reps), 1, 1, replicas=reps))
+        off += size
+    return ExecutionPlan(tuple(stages))
+
+
+def _random_plan(rng: random.Random, n: int, spec: tuple[tuple[str, int, int, int], ...]
+                 ) -> ExecutionPlan:
+    """Random placement: each pipeline stage's TP group inside one node, nodes drawn at random."""
+    free = {node: list(range(node * GPN, (node + 1) * GPN)) for node in range(n // GPN)}
+    for gpus in free.values():
+        rng.shuffle(gpus)
+    groups = [(tp, k, r, s) for k, (_, size, tp, pp) in enumerate(spec)
+              for r in range(size // (tp * pp)) for s in range(pp)]
+    rng.shuffle(groups)
+    groups.sort(key=lambda g: -g[0])  # widest TP groups first: no node is left fragmented
+    placed: dict[tuple[int, int, int], list[int]] = {}
+    for tp, k, r, s in groups:
+        node = rng.choice([nd for nd, g in free.items() if len(g) >= tp])
+        placed[(k, r, s)] = sorted(free[node][:tp])
+        del free[node][:tp]
+    stages = []
+    for k, (name, size, tp, pp) in enumerate(spec):
+        reps = tuple(tuple(g for s in range(pp) for g in placed[(k, r, s)])
+                     for r in range(size // (tp * pp)))
+        stages.append(StagePlan(name, tp, pp, len(reps), 1, 1, replicas=reps))
+    return ExecutionPlan(tuple(stages))
+
+
+def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for n in sizes:
+        cluster = ClusterSpec(n // GPN, GPN, H200)
+        src = emus_of_plan(_block_plan(n, PLAN_CUR), STATES)
+        dst = emus_of_plan(_block_plan(n, PLAN_TGT), STATES)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP)
+            validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
+            cost_s = transition_cost_s(dag, cluster)
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        dur = durations_s(dag, cluster)
+        ours = simulate(dag, dur, capacity_bytes=CAP).makespan_s
+        t0 = time.perf_counter()
+        ex = exact_makespan(dag, dur, time_limit_s=exact_cap_s)
+        exact_ms = (time.perf_counter() - t0) * 1e3
+        gap = (ours - ex.makespan_s) / ex.makespan_s * 100 if ex.makespan_s == ex.makespan_s \
+            else None
+        rows.append({
+            "gpus": n, "primitives": len(dag.primitives), "resource_edges": len(dag.resource_edges),
+            "ours_ms": round(statistics.median(times) * 1e3, 3),
+            "compile_ms": round(compile_ms, 3),
+            "exact_ms": round(exact_ms, 1), "exact_optimal": ex.optimal,
+            "cost_s": round(cost_s, 4), "ours_makespan_s": round(ours, 4),
+            "exact_makespan_s": None if gap is None else round(ex.makespan_s, 4),
+            "gap_pct": None if gap is None else round(gap, 2),
+        })
+    return rows
+
+
+def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for k, (name, n, cur, tgt) in enumerate(OVERLAPS):
+        rng = random.Random(seed + k)
+        cluster = ClusterSpec(n // GPN, GPN, H200)
+        ours_ok = base_ok = redrawn = 0
+        ours_t: list[float] = []
+        base_t: list[float] = []
+        edges: list[int] = []
+        for _ in range(trials):
+            while True:
+                src = emus_of_plan(_random_plan(rng, n, cur), STATES)
+                dst = emus_of_plan(_random_plan(rng, n, tgt), STATES)
+                try:
+                    dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP)
+                    break
+                except TransitionError:
+                    redrawn += 1
+            validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
+            dur = durations_s(dag, cluster)
+            launch = {m: rng.uniform(0, LAUNCH_JITTER_S) for m in {u.model_stage for u in src}}
+            jitter = [rng.uniform(0, DISPATCH_JITTER_S) for _ in dag.primitives]
+            # ours: the same launch offsets, as each primitive's earliest start
+            gate = [launch[p.model_stage] for p in dag.primitives]
+            try:
+                res = simulate(dag, dur, delay_s=jitter, not_before_s=gate, capacity_bytes=CAP)
+                ours_ok += res.makespan_s <= TIMEOUT_S
+                ours_t.append(min(res.makespan_s, TIMEOUT_S))
+            except TransitionError:
+                ours_t.append(TIMEOUT_S)
+            edges.append(len(dag.resource_edges))
+            b = per_component_simulate(dag, dur, launch_s=launch, delay_s=jitter,
+                                       timeout_s=TIMEOUT_S, rng=rng)
+            base_ok += b.success
+            base_t.append(b.time_s)
+        rows.append({
+            "type": name, "mode": "sim", "gpus": n, "trials": trials,
+            "ours_success_pct": round(100 * ours_ok / trials, 1),
+            "baseline_success_pct": round(100 * base_ok / trials, 1),
+            "ours_s": round(statistics.mean(ours_t), 3),
+            "baseline_s": round(statistics.mean(base_t), 3),
+            "edges": round(statistics.mean(edges), 2),
+            "redrawn": redrawn,
+        })
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and trials")
+    ap.add_argument("--exact-cap-s", type=float, default=20.0)
+    args = ap.parse_args()
+    sizes = [32, 128] if args.quick else [32, 64, 128, 256, 512, 1024]
+    planning = planning_rows(sizes, args.exact_cap_s, 3 if args.quick else 7)
+    overlap = overlap_rows(10 if args.quick else 100, 20261201)
+    out = {"planning": planning, "overlap": overlap,
+           "note": "overlap mode 'real' (8 CPU ranks) not run: needs the runtime executor"}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>9} {'exact ms':>10} {'opt':>4} "
+          f"{'L_tran s':>9} {'ours s':>8} {'exact s':>8} {'gap %':>6}")
+    for r in planning:
+        print(f"{r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} {r['ours_ms']:>9} "
+              f"{r['exact_ms']:>10} {r['exact_optimal']!s:>4} {r['cost_s']:>9} "
+              f"{r['ours_makespan_s']:>8} {r['exact_makespan_s']!s:>8} {r['gap_pct']!s:>6}")
+    print()
+    print(f"{'overlap type':<26} {'mode':>4} {'ours %':>7} {'base %':>7} {'ours s':>7} "
+          f"{'base s':>7} {'edges':>6} {'redrawn':>8}")
+    for r in overlap:
+        print(f"{r['type']:<26} {r['mode']:>4} {r['ours_success_pct']:>7} "
+              f"{r['baseline_success_pct']:>7} {r['ours_s']:>7} {r['baseline_s']:>7} "
+              f"{r['edges']:>6} {r['redrawn']:>8}")
+    print("\n" + str(out["note"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
