@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from launchers.commands import LaunchSpec, mpiexec_argv, srun_argv
 from nereus.errors import ConfigError, NereusError
 
-LAUNCHERS = ("srun", "openmpi", "mpich")
+# "direct" runs the argv in the batch shell itself (a driver that starts its own srun steps).
+LAUNCHERS = ("srun", "openmpi", "mpich", "direct")
 _SHELL_VAR = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*|@)$")
 _POSITIONAL = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
@@ -87,6 +88,8 @@ def shell_word(word: str) -> str:
 def launch_argv(spec: SbatchSpec) -> tuple[str, ...]:
     if spec.launcher == "srun":
         return srun_argv(spec.launch)
+    if spec.launcher == "direct":
+        return spec.launch.argv
     return mpiexec_argv(spec.launch, spec.launcher)
 
 

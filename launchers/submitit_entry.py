@@ -13,10 +13,12 @@ job's result). Until ``nereus run`` exists the tests use small real commands and
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -55,6 +57,7 @@ class NereusEntry:
     grace_s: float = 60.0
     checkpoint_signal: int = int(signal.SIGUSR1)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    _exited: threading.Event | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.target:
@@ -62,7 +65,7 @@ class NereusEntry:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_proc"] = None  # a running child never travels with the pickle
+        state["_proc"] = state["_exited"] = None  # a running child never travels along
         return state
 
     def command(self) -> tuple[str, ...]:
@@ -76,27 +79,44 @@ class NereusEntry:
         if isinstance(self.target, str):
             return resolve_callable(self.target)(*self.args)
         sys.stdout.flush()
-        self._proc = subprocess.Popen(self.command())
-        returncode = self._proc.wait()
+        proc = subprocess.Popen(self.command())
+        # A thread reaps the child: submitit runs checkpoint() in a signal handler on this
+        # thread, and Popen.wait() there would deadlock against a wait() it interrupted.
+        self._proc, self._exited = proc, threading.Event()
+        threading.Thread(target=self._reap, args=(proc, self._exited), daemon=True).start()
+        while not self._exited.wait(0.2):
+            pass
         self._proc = None
-        if returncode != 0:
-            raise EntryCommandError(f"{' '.join(self.command())}: exit {returncode}")
-        return returncode
+        if proc.returncode != 0:
+            raise EntryCommandError(f"{' '.join(self.command())}: exit {proc.returncode}")
+        return proc.returncode
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen[bytes], exited: threading.Event) -> None:
+        proc.wait()
+        exited.set()
 
     def stop_child(self) -> int | None:
-        """Signal a running command to checkpoint and wait for it; its exit status or None."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(self.checkpoint_signal)
-        try:
-            return proc.wait(timeout=self.grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        """Ask a running command to checkpoint (signal, wait ``grace_s``, then kill).
+
+        Returns its exit status, or None when no command is running. ``nereus run`` is
+        expected to take SIGUSR1 and SIGUSR2 alike as "checkpoint and exit": on Slurm the
+        scheduler's signal reaches every process of the step, the child included.
+        """
+        proc, exited = self._proc, self._exited
+        if proc is None or exited is None:
+            return None
+        if not exited.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(self.checkpoint_signal)
+            if not exited.wait(self.grace_s):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                exited.wait(10.0)
+        return proc.returncode
 
     def next_attempt(self) -> NereusEntry:
-        return replace(self, attempt=self.attempt + 1, _proc=None)
+        return replace(self, attempt=self.attempt + 1, _proc=None, _exited=None)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's hook: checkpoint the running target and resubmit the next attempt."""

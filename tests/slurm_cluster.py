@@ -8,6 +8,7 @@ pid. Nothing depends on systemd or on a system-wide munged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -82,7 +83,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket},cred_expire=10
+AuthInfo=cred_expire=10,socket={munge_socket}
 SlurmctldPort={ctld_port}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
@@ -100,7 +101,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=pmi2
-ReturnToService=2
+ReturnToService=1
 SlurmdTimeout=10
 SlurmctldTimeout=30
 MessageTimeout=5
@@ -153,10 +154,33 @@ class LocalSlurm:
             time.sleep(0.25)
         raise SlurmClusterError(f"sinfo never showed {count} idle nodes\n{self.log_tail()}")
 
+    def wait_queue_empty(self, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip():
+            if time.monotonic() > deadline:
+                raise AssertionError("jobs still queued")
+            time.sleep(0.25)
+
     def resume_all(self) -> None:
         """Return every node to service (a test that downed one leaves it usable again)."""
         hostlist = f"n[1-{len(self.nodes)}]"
         self.run("scontrol", "update", f"nodename={hostlist}", "state=resume", check=False)
+
+    def stray_pids(self) -> list[int]:
+        """Processes carrying this cluster's SLURM_CONF (slurmstepd and job tasks that outlived
+        their slurmd after a hard test failure)."""
+        marker = f"SLURM_CONF={self.conf_path}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return found
 
     def stop(self) -> None:
         # slurmd first, then slurmctld, then munged: each by the pid we started.
@@ -172,6 +196,9 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait(timeout=5)
         self.procs.clear()
+        for pid in self.stray_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _start_munged(root: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -188,11 +215,12 @@ def _start_munged(root: Path) -> tuple[subprocess.Popen[bytes], Path]:
     for path in (mdir, key):
         os.chown(path, munge.pw_uid, munge.pw_gid)
     sock = mdir / "munge.socket"
-    argv = ["runuser", "-u", "munge", "--", _exe("munged"), "--foreground", "--force",
+    argv = [_exe("munged"), "--foreground", "--force",
             f"--socket={sock}", f"--key-file={key}", f"--pid-file={mdir}/munged.pid",
             f"--log-file={mdir}/munged.log", f"--seed-file={mdir}/munged.seed"]
     log = open(root / "log" / "munged.out.log", "wb")  # noqa: SIM115 - lives as long as munged
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
     deadline = time.monotonic() + 10
     while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -1,0 +1,227 @@
+"""Tier 3 (real Slurm): sbatch scripts from the builder, submitit, node loss and return, requeue.
+
+Runs against the local 3-node cluster of ``slurm_cluster.py`` (three slurmd on one host).
+Slurm 22.05 facts these tests rely on (found here): ``scontrol update ... state=down`` removes the
+node from a running ``--no-kill`` job at once; with ReturnToService=2 an admin-downed node whose
+slurmd still answers returns to service within ~1 s, so the cluster uses ReturnToService=1; a
+requeued job waits cred_expire+1 s, and ``AuthInfo`` must list ``cred_expire`` before ``socket``
+for it to be read (otherwise the default 120 s applies).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from slurm_cluster import LocalSlurm
+
+from launchers.commands import LaunchSpec
+from launchers.sbatch import SbatchSpec, sbatch_script, submit
+from launchers.submitit_entry import NereusEntry
+from nereus.cluster.env import JobEnvironment
+from nereus.cluster.slurm_watch import JobInfo, parse_job_record
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def job_info(cluster: LocalSlurm, job_id: str) -> JobInfo:
+    return parse_job_record(cluster.run("scontrol", "show", "job", "-o", job_id).stdout)
+
+
+def wait_job(cluster: LocalSlurm, job_id: str, states: tuple[str, ...],
+             timeout_s: float = 30.0) -> JobInfo:
+    found: list[JobInfo] = []
+
+    def done() -> bool:
+        found.append(job_info(cluster, job_id))
+        return found[-1].state in states
+
+    try:
+        wait_for(f"job {job_id} in {states}", done, timeout_s)
+    except AssertionError:
+        raise AssertionError(f"job {job_id}: {found[-1] if found else None}\n"
+                             f"{cluster.log_tail()}") from None
+    return found[-1]
+
+
+def test_builder_script_runs_inventory_on_two_nodes(slurm_cluster: LocalSlurm,
+                                                    tmp_path: Path) -> None:
+    spec = SbatchSpec(
+        job_name="inv", nodes=2, ntasks_per_node=1, output=str(tmp_path / "out-%j.txt"),
+        error=str(tmp_path / "err-%j.txt"),
+        launch=LaunchSpec(argv=(sys.executable, "-m", "nereus", "inventory", "--json",
+                                "--virtual-devices", "$NDEV"), cpu_bind=None, label=True),
+        positional=("NDEV",))
+    job_id = submit(sbatch_script(spec), ("3",), cwd=str(REPO), env=slurm_cluster.env)
+    info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED"))
+    err = (tmp_path / f"err-{job_id}.txt").read_text()
+    assert info.state == "COMPLETED", err
+    by_rank: dict[str, list[str]] = {}
+    for line in (tmp_path / f"out-{job_id}.txt").read_text().splitlines():
+        rank, _, rest = line.partition(": ")  # srun --label
+        by_rank.setdefault(rank.strip(), []).append(rest)
+    assert sorted(by_rank) == ["0", "1"]
+    reports = [json.loads("\n".join(lines))["nodes"][0] for lines in by_rank.values()]
+    assert sorted(r["node"] for r in reports) == ["n1", "n2"]
+    assert all(r["virtual"] and len(r["devices"]) == 3 for r in reports)
+    assert all("no NVIDIA driver" in r["notes"][0] for r in reports)
+
+
+def test_openmpi_mpiexec_under_slurm(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    code = ("from nereus.cluster.env import from_os_environ as f; e = f(); "
+            "print(e.launcher, e.global_rank, e.world_size, e.local_rank, flush=True)")
+    spec = SbatchSpec(job_name="ompi", launcher="openmpi", nodes=2, ntasks_per_node=2,
+                      output=str(tmp_path / "out-%j.txt"),
+                      launch=LaunchSpec(argv=(sys.executable, "-c", code), ntasks_per_node=2,
+                                        ulfm=True))
+    job_id = submit(sbatch_script(spec), cwd=str(REPO), env=slurm_cluster.env)
+    info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED"))
+    out = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert info.state == "COMPLETED", out
+    rows = sorted(line.split() for line in out.splitlines() if line.startswith("openmpi"))
+    assert rows == [["openmpi", str(r), "4", str(r % 2)] for r in range(4)], out
+
+
+def test_usr1_warning_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm,
+                                                       tmp_path: Path) -> None:
+    """The template's trap: SIGUSR1 -> ranks checkpoint and exit -> requeue -> rerun resumes."""
+    code = (
+        "import os, pathlib, signal, sys, time\n"
+        "d = pathlib.Path(sys.argv[1]); rank = os.environ['SLURM_PROCID']\n"
+        "ck = d / ('ckpt.' + rank)\n"
+        "if ck.exists():\n"
+        "    print('resumed', rank, ck.read_text(), os.environ['SLURM_RESTART_COUNT'], flush=True)\n"
+        "    sys.exit(0)\n"
+        "def on_usr1(*_):\n"
+        "    ck.write_text('step7'); print('checkpointed', rank, flush=True); sys.exit(0)\n"
+        "signal.signal(signal.SIGUSR1, on_usr1)\n"
+        "(d / ('started.' + rank)).touch(); time.sleep(60); sys.exit(3)\n")
+    spec = SbatchSpec(job_name="requeue", nodes=2, ntasks_per_node=1,
+                      output=str(tmp_path / "out.txt"),
+                      launch=LaunchSpec(argv=(sys.executable, "-c", code, str(tmp_path)),
+                                        cpu_bind=None))
+    job_id = submit(sbatch_script(spec), cwd=str(REPO), env=slurm_cluster.env)
+    wait_for("both ranks started", lambda: len(list(tmp_path.glob("started.*"))) == 2)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job_id)
+    requeued = wait_job(slurm_cluster, job_id, ("PENDING",), timeout_s=20)
+    assert requeued.restarts == 1
+    final = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"), timeout_s=40)
+    out = (tmp_path / "out.txt").read_text()
+    assert final.state == "COMPLETED", out
+    assert "requeueing job" in out
+    assert sorted(ln for ln in out.splitlines() if ln.startswith("checkpointed")) == [
+        "checkpointed 0", "checkpointed 1"]
+    assert sorted(ln for ln in out.splitlines() if ln.startswith("resumed")) == [
+        "resumed 0 step7 1", "resumed 1 step7 1"]
+
+
+def test_submitit_callable_and_command(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    submitit = pytest.importorskip("submitit")
+    executor = submitit.AutoExecutor(folder=str(tmp_path / "%j"), cluster="slurm")
+    executor.update_parameters(timeout_min=5, nodes=2, tasks_per_node=1, cpus_per_task=1)
+    job = executor.submit(NereusEntry("nereus.cluster.env:from_os_environ"))
+    envs = job.results()  # job.state is UNKNOWN here: no accounting (sacct) on this cluster
+    assert all(isinstance(e, JobEnvironment) for e in envs)
+    assert sorted((e.global_rank, e.node_name) for e in envs) == [(0, "n1"), (1, "n2")]
+    assert {e.slurm_job_id for e in envs} == {job.job_id}
+    assert {e.job_nodes for e in envs} == {("n1", "n2")}
+    executor.update_parameters(nodes=1)
+    job = executor.submit(NereusEntry((sys.executable, "-m", "nereus", "inventory", "--json")))
+    assert job.result() == 0
+    stdout = job.stdout()
+    report, _ = json.JSONDecoder().raw_decode(stdout, stdout.index("{"))
+    assert report["nodes"][0]["node"] == "n1"
+
+
+def test_submitit_preemption_checkpoint_requeue_resume(slurm_cluster: LocalSlurm,
+                                                       tmp_path: Path) -> None:
+    """submitit's USR2 (preemption) -> NereusEntry.checkpoint() -> requeue -> --resume."""
+    submitit = pytest.importorskip("submitit")
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "d = pathlib.Path(sys.argv[1])\n"
+        "if '--resume' in sys.argv:\n"
+        "    print('resumed from', (d / 'ckpt').read_text(), flush=True); sys.exit(0)\n"
+        "def on_signal(*_):\n"
+        "    (d / 'ckpt').write_text('step3'); sys.exit(0)\n"
+        "signal.signal(signal.SIGUSR1, on_signal)\n"
+        "signal.signal(signal.SIGUSR2, on_signal)  # Slurm signals every process of the step\n"
+        "(d / 'started').touch(); time.sleep(60); sys.exit(3)\n")
+    executor = submitit.AutoExecutor(folder=str(tmp_path / "%j"), cluster="slurm")
+    executor.update_parameters(timeout_min=5, nodes=1, tasks_per_node=1, cpus_per_task=1)
+    job = executor.submit(NereusEntry((sys.executable, "-c", code, str(tmp_path)), grace_s=20))
+    wait_for("the command to start", (tmp_path / "started").exists)
+    time.sleep(0.5)  # submitit's USR2 handler is installed before the command starts
+    slurm_cluster.run("scancel", f"--signal={int(signal.SIGUSR2)}", job.job_id)
+    assert job.result() == 0
+    assert (tmp_path / "ckpt").read_text() == "step3"
+    assert "resumed from step3" in job.stdout()
+    assert job_info(slurm_cluster, job.job_id).restarts == 1
+
+
+def test_node_down_and_resume_seen_by_watcher(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """A 3-node --no-kill job: n3 down -> NodesLost(n3) and a 2-node pool; the step relaunches
+    on n1, n2; n3 resumed -> NodesGained(n3) (idle, outside the shrunken allocation)."""
+    driver = Path(__file__).with_name("slurm_watch_driver.py")
+    # "direct": the driver runs in the batch shell and starts its own srun steps.
+    spec = SbatchSpec(job_name="watch", launcher="direct", nodes=3, ntasks_per_node=1,
+                      output=str(tmp_path / "out.txt"),
+                      launch=LaunchSpec(argv=(sys.executable, str(driver), str(tmp_path))))
+    script = sbatch_script(spec)
+    job_id = submit(script, cwd=str(REPO), env=slurm_cluster.env)
+    events_path = tmp_path / "events.jsonl"
+
+    def events() -> list[dict[str, object]]:
+        if not events_path.exists():
+            return []
+        return [json.loads(ln) for ln in events_path.read_text().splitlines() if ln.strip()]
+
+    try:
+        wait_for("three ranks started", lambda: len(list(tmp_path.glob("started.*"))) == 3)
+        slurm_cluster.run("scontrol", "update", "nodename=n3", "state=down", "reason=test")
+        wait_for("the watcher to see n3 lost", lambda: any(
+            e["type"] == "NodesLost" and e["source"] == "watcher" for e in events()))
+        assert job_info(slurm_cluster, job_id).nodes == ("n1", "n2")
+        slurm_cluster.run("scontrol", "update", "nodename=n3", "state=resume")
+        wait_for("the watcher to see n3 back", lambda: any(
+            e["type"] == "NodesGained" for e in events()))
+        (tmp_path / "release").touch()
+        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"), timeout_s=40)
+    finally:
+        (tmp_path / "release").touch()
+        slurm_cluster.resume_all()
+    out = (tmp_path / "out.txt").read_text()
+    assert info.state == "COMPLETED", out
+    got = events()
+    watcher = [(e["type"], e.get("nodes")) for e in got if e["source"] == "watcher"]
+    assert watcher[0] == ("PoolChanged", ["n1", "n2", "n3"])
+    assert ("NodesLost", ["n3"]) in watcher
+    assert ("PoolChanged", ["n1", "n2"]) in watcher
+    assert ("NodesGained", ["n3"]) in watcher
+    lost = next(e for e in got if e["type"] == "NodesLost" and e["source"] == "watcher")
+    assert "test" in str(lost["reason"])  # the down reason from scontrol show node
+    gained = next(e for e in got if e["type"] == "NodesGained")
+    assert gained["in_allocation"] is False
+    srun = [(e["type"], e.get("nodes"), e.get("global_ranks")) for e in got
+            if e["source"] == "srun"]
+    assert ("NodesLost", ["n3"], None) in srun
+    assert ("TasksFailed", None, [2]) in srun
+    assert (tmp_path / "relaunch.rc").read_text().strip() == "0"
+    relaunched = sorted(ln for ln in out.splitlines() if ln.startswith("relaunch"))
+    assert relaunched == ["relaunch 0 n1", "relaunch 1 n2"]
+    done = sorted(ln for ln in out.splitlines() if ln.startswith("step1 done"))
+    assert done == ["step1 done 0 n1", "step1 done 1 n2"]  # the survivors ran on (--no-kill)
