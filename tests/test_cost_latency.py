@@ -295,3 +295,45 @@ def test_value_head_is_cheaper_than_lm_head() -> None:
     ref = stage_latency(s, stage(s, "ref-inf"), c_ref, CALIB).total_s
     critic = stage_latency(s, stage(s, "critic-inf"), c_critic, CALIB).total_s
     assert critic < ref
+
+
+def _clear_cost_caches() -> None:
+    from nereus.cost import latency, workload
+
+    workload._RECENT.clear()
+    workload._stage_context.cache_clear()
+    latency._rates.cache_clear()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gens=st.lists(st.integers(1, 4096), min_size=2, max_size=4),
+    name=st.sampled_from(NAMES),
+    tp=st.sampled_from([1, 2, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+    gpn=st.sampled_from([4, 8]),
+)
+def test_cached_results_never_go_stale(gens: list[int], name: str, tp: int, pp: int, gpn: int) -> None:
+    """Interleaving setups, calibrations and value-equal copies gives what a cold cache gives."""
+    from nereus.cost.memory import rank_memory, stage_memory
+
+    def evaluate(gen: int, calib_eff: float) -> tuple[object, ...]:
+        s = make_setup(gen_len=gen, gpus_per_node=gpn)  # a fresh, value-equal object each time
+        calib = CALIB.with_time_sample(s.cluster.gpu, OpClass.GEMM, calib_eff, 1.0, 1.0)
+        c = cand(s, name, min(tp, gpn), pp, 2)
+        ms = stage(s, name)
+        return (
+            stage_latency(s, ms, c, calib),
+            stage_memory(s, ms, c, calib),
+            tuple(rank_memory(s, ms, c, calib, r) for r in range(pp)),
+        )
+
+    warm = [evaluate(g, e) for g in gens for e in (0.4, 0.8)]
+    cold = []
+    for g in gens:
+        for e in (0.4, 0.8):
+            _clear_cost_caches()
+            cold.append(evaluate(g, e))
+    assert warm == cold
+    again = [evaluate(g, e) for g in reversed(gens) for e in (0.8, 0.4)]
+    assert again == [warm[2 * i + j] for i in reversed(range(len(gens))) for j in (1, 0)]

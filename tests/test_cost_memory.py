@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from nereus.cost.calibration import default_calibration
 from nereus.cost.memory import (
     WORKSPACE_BYTES,
+    MemoryBreakdown,
     gpu_memory,
     memory_capacity_bytes,
     rank_memory,
@@ -249,3 +250,53 @@ def test_paper_layouts_on_a100() -> None:
     }
     assert peak_gb[(4, 2, 2), 4096] * 1e9 > cap  # the paper's OOM
     assert peak_gb[(4, 4, 1), 2048] < peak_gb[(4, 2, 2), 2048]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layouts=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+                  st.integers(0, 8), st.booleans()),
+        min_size=6, max_size=6,
+    ),
+)
+def test_gpu_memory_bounds(layouts: list[tuple[int, int, int, int, bool]]) -> None:
+    """Per GPU: at least each co-resident model-stage's own peak, at most all of them summed
+    (plus one resharded weight copy each)."""
+    s = make_setup(nodes=2, gen_len=512)
+    wf = s.job.workflow
+    stages = []
+    on_gpu: dict[int, list[tuple[str, MemoryBreakdown]]] = {}
+    for ms, (tp, pp, dp, offset, rc) in zip(wf.model_stages, layouts, strict=True):
+        c = cand(s, ms.name, tp, pp, dp, 1, rc)
+        gpus = [(offset + i) % 16 for i in range(c.num_gpus)]
+        sp = _placed(c, gpus)
+        stages.append(sp)
+        for rep in sp.replicas:
+            for pos, g in enumerate(rep):
+                on_gpu.setdefault(g, []).append((ms.name, rank_memory(s, ms, c, CALIB, pos // tp)))
+    mem = gpu_memory(s, ExecutionPlan(tuple(stages)), CALIB)
+    assert set(mem) == set(on_gpu)
+    for g, entries in on_gpu.items():
+        peaks = [b.peak_bytes for _, b in entries]
+        weights = [b.weights_bytes for _, b in entries]
+        assert mem[g] >= max(peaks)
+        assert mem[g] <= sum(peaks) + sum(weights)
+
+
+def test_breakdown_and_latency_records_round_trip() -> None:
+    import json
+
+    from nereus.cost.latency import StageLatency, stage_latency
+
+    s = make_setup()
+    ms = s.job.workflow.by_name("actor-train")
+    c = cand(s, "actor-train", 2, 2, 2)
+    b = stage_memory(s, ms, c, CALIB)
+    assert MemoryBreakdown.from_dict(json.loads(json.dumps(b.to_dict()))) == b
+    lat = stage_latency(s, ms, c, CALIB)
+    assert StageLatency.from_dict(json.loads(json.dumps(lat.to_dict()))) == lat
+    with pytest.raises(ConfigError):
+        MemoryBreakdown.from_dict({**b.to_dict(), "weights_bytes": -1})
+    with pytest.raises(ConfigError):
+        StageLatency.from_dict({"name": "x"})

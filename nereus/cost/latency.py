@@ -30,9 +30,16 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from nereus.cost.calibration import Calibration
-from nereus.cost.workload import PipelineStage, Workload, workload
+from nereus.cost.workload import (
+    MEMO_MAX,
+    StageContext,
+    check_candidate,
+    stage_context,
+    stage_groups,
+)
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GpuSpec, OpClass
 from nereus.spec.job import Setup
@@ -63,6 +70,21 @@ class StageLatency:
 
     def component(self, key: str) -> float:
         return sum(v for k, v in self.components if k == key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "total_s": self.total_s, "components": dict(self.components)}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> StageLatency:
+        comps = d.get("components", {})
+        if not isinstance(comps, Mapping):
+            raise ConfigError("stage_latency.components", comps, "must be a mapping name -> seconds")
+        try:
+            return StageLatency(
+                str(d["name"]), float(d["total_s"]), tuple((str(k), float(v)) for k, v in comps.items())
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError("stage_latency", d, f"malformed record ({e})") from None
 
 
 class _Rates:
@@ -115,93 +137,123 @@ def _sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float
     return part(a1, b1, 0, k) + part(a2, b2, k, n)
 
 
-def _crosses(w: Workload, gpus_per_node: int, first_rank: int, count: int) -> bool:
-    """True when some rank in ``[first_rank, first_rank + count)`` sends across a node boundary."""
-    period = gpus_per_node // math.gcd(w.tp, gpus_per_node)  # boundary i→i+1 crosses iff period | i+1
-    hi = min(first_rank + count, w.pp - 1)  # the last stage sends nothing forward
-    return hi // period - first_rank // period > 0
+def _crossing_period(tp: int, gpus_per_node: int) -> int:
+    """Boundary ``i → i+1`` of a packed replica crosses nodes iff this divides ``i + 1``."""
+    return gpus_per_node // math.gcd(tp, gpus_per_node)
 
 
-def _p2p_s(w: Workload, r: _Rates, inter: bool) -> float:
-    """Sends of one pipeline boundary per micro-batch (train: fwd + bwd) or round (generate)."""
-    b, h, bts = w.micro_batch, w.model.hidden_size, w.dtype_bytes
-    if w.kind == "generate":
-        return r.send_s(b * w.prompt_len * h * bts, inter) + w.gen_len * r.send_s(b * h * bts, inter)
-    sends = 2 if w.kind == "train" else 1
-    return sends * r.send_s(b * w.seq_len * h * bts, inter)
+@dataclass(frozen=True)
+class _Profile:
+    """Pipeline timing of one (tp, pp, micro_batch, recompute) layout: everything but m and dp."""
+
+    keys: tuple[str, ...]
+    slowest: tuple[float, ...]  # components of the slowest stage's τ
+    tau_max: float
+    sum_tau: float
+    shard_params: int  # parameters on the most loaded GPU (training: gradient all-reduce size)
 
 
-def _stage_time(w: Workload, st: PipelineStage, r: _Rates, inter_p2p: bool) -> dict[str, float]:
-    """Components of τ for one micro-batch (train/forward) or one round (generate) on ``st``."""
-    m, t, bts, b = w.model, w.tp, w.dtype_bytes, w.micro_batch
-    h, q, mp, L = m.hidden_size, m.q_size, w.matmul_params_per_layer, st.num_layers
-    head_mm = h * w.head_outputs if st.last else 0
-    out: dict[str, float] = {}
-    if w.kind in ("train", "forward"):
-        s = w.seq_len
-        mult = 1 if w.kind == "forward" else (4 if w.recompute else 3)
-        gemm = 2.0 * (L * mp + head_mm) * b * s
-        attn = 2.0 * s * s * q * L * b
-        out["compute"] = mult * (gemm / r.gemm_flops + attn / r.attn_flops) / t
-        n_ar = 2 * (mult - 1) if w.kind == "train" else 2  # fwd 2, bwd 2, recompute 2
-        out["tp_comm"] = n_ar * L * r.allreduce_s(b * s * h * bts, t, False)
-        out["pp_p2p"] = 0.0 if st.last else _p2p_s(w, r, inter_p2p)
-        return out
-    # generation: prefill over the prompt, then gen_len decode steps
-    sp, g = w.prompt_len, w.gen_len
-    gemm = 2.0 * L * mp * b * sp + 2.0 * head_mm * b
-    attn = 2.0 * sp * sp * q * L * b
-    out["prefill"] = (gemm / r.gemm_flops + attn / r.attn_flops) / t
-    weight_bytes = bts * (L * m.layer_params() + (w.head_params if st.last else 0)) / t
-    kv_per_token = 2 * math.ceil(m.num_kv_heads / t) * m.kv_channels * bts * L * b
-    mem_a = (weight_bytes + kv_per_token * sp) / r.decode_bps
-    mem_b = kv_per_token / r.decode_bps
-    comp_a = (2.0 * (L * mp + head_mm) * b / r.gemm_flops + 4.0 * sp * q * L * b / r.attn_flops) / t
-    comp_b = 4.0 * q * L * b / r.attn_flops / t
-    out["decode"] = _sum_max_linear(mem_a, mem_b, comp_a, comp_b, g)
-    tp_prefill = 2 * L * r.allreduce_s(b * sp * h * bts, t, False)
-    tp_decode = g * 2 * L * r.allreduce_s(b * h * bts, t, False)
-    out["tp_comm"] = tp_prefill + tp_decode
-    out["pp_p2p"] = 0.0 if st.last else _p2p_s(w, r, inter_p2p)
-    return out
+def _profile(
+    ctx: StageContext, r: _Rates, gpn: int, t: int, pp: int, b: int, recompute: bool
+) -> _Profile:
+    d, kind = ctx.dims, ctx.kind
+    h, q, mp, bts = d.hidden_size, d.q_size, d.matmul_params_per_layer, ctx.dtype_bytes
+    head_mm = h * ctx.head_outputs
+    gemm_f, attn_f = r.gemm_flops * t, r.attn_flops * t  # FLOP/s of the t GPUs of one stage
+
+    # Costs per layer and of the head for one micro-batch (train/forward) or round (generate).
+    if kind == "generate":
+        sp, g = ctx.prompt_len, ctx.gen_len
+        keys: tuple[str, ...] = ("prefill", "decode", "tp_comm", "pp_p2p")
+        layer_c = 2.0 * mp * b * sp / gemm_f + 2.0 * sp * sp * q * b / attn_f
+        head_c = 2.0 * head_mm * b / gemm_f
+        layer_tp = 2 * (r.allreduce_s(b * sp * h * bts, t, False) + g * r.allreduce_s(b * h * bts, t, False))
+        kv_layer = 2 * -(-d.num_kv_heads // t) * d.kv_channels * bts * b  # bytes per token and layer
+        w_layer = bts * d.layer_params / t
+        w_head = bts * ctx.head_params(pp) / t
+        dec_mem = 1.0 / r.decode_bps
+        dec_gemm = 2.0 * mp * b / gemm_f
+        dec_attn = 4.0 * q * b / attn_f
+        dec_head = 2.0 * head_mm * b / gemm_f
+
+        def p2p(inter: bool) -> float:
+            return r.send_s(b * sp * h * bts, inter) + g * r.send_s(b * h * bts, inter)
+    else:
+        s_len = ctx.seq_len
+        mult = 1 if kind == "forward" else (4 if recompute else 3)
+        keys = ("compute", "tp_comm", "pp_p2p")
+        layer_c = mult * (2.0 * mp * b * s_len / gemm_f + 2.0 * s_len * s_len * q * b / attn_f)
+        head_c = mult * 2.0 * head_mm * b * s_len / gemm_f
+        n_ar = 2 * (mult - 1) if kind == "train" else 2  # fwd 2, bwd 2, recompute 2
+        layer_tp = n_ar * r.allreduce_s(b * s_len * h * bts, t, False)
+        sends = 2 if kind == "train" else 1
+
+        def p2p(inter: bool) -> float:
+            return sends * r.send_s(b * s_len * h * bts, inter)
+
+    groups = stage_groups(d.num_layers, pp)
+    period = _crossing_period(t, gpn)
+    p2p_intra = p2p(False) if pp > 1 else 0.0
+    n_cross = (pp - 1) // period if pp > 1 else 0
+    p2p_inter = p2p(True) if n_cross else 0.0
+    slowest: tuple[float, ...] = ()
+    tau_max = -1.0
+    sum_base = 0.0
+    shard = 0
+    for first_rank, layers, count in groups:
+        first, last = first_rank == 0, first_rank == pp - 1
+        params = layers * d.layer_params + (d.embedding_params if first else 0)
+        shard = max(shard, -(-(params + (ctx.head_params(pp) if last else 0)) // t))
+        if kind == "generate":
+            wb = w_layer * layers + (w_head if last else 0.0)
+            kv = kv_layer * layers
+            comp_a = dec_gemm * layers + dec_attn * sp * layers + (dec_head if last else 0.0)
+            decode = _sum_max_linear(
+                (wb + kv * sp) * dec_mem, kv * dec_mem, comp_a, dec_attn * layers, g
+            )
+            base: tuple[float, ...] = (
+                layer_c * layers + (head_c if last else 0.0), decode, layer_tp * layers
+            )
+        else:
+            base = (layer_c * layers + (head_c if last else 0.0), layer_tp * layers)
+        if last:
+            send = 0.0
+        else:  # inter-node if some rank of the group sends across a node boundary
+            hi = min(first_rank + count, pp - 1)
+            send = p2p_inter if hi // period - first_rank // period > 0 else p2p_intra
+        tau = sum(base) + send
+        sum_base += sum(base) * count
+        if tau > tau_max:
+            tau_max, slowest = tau, (*base, send)
+    sum_tau = sum_base + n_cross * p2p_inter + (pp - 1 - n_cross) * p2p_intra
+    return _Profile(keys, slowest, tau_max, sum_tau, shard)
 
 
 def stage_latency(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibration) -> StageLatency:
     """Predicted seconds per step of ``ms`` under ``cand`` (components: see module docstring)."""
-    w = workload(setup, ms, cand)
-    gpu, gpn = setup.cluster.gpu, setup.cluster.gpus_per_node
-    r = _rates(gpu, calib)
-    groups = w.distinct_stages()
-    taus: list[tuple[dict[str, float], int]] = []
-    for st, count in groups:
-        comps = _stage_time(w, st, r, _crosses(w, gpn, st.pp_rank, count))
-        taus.append((comps, count))
-    if w.pp > 1:
-        # Σ τ must count each crossing boundary once at inter-node cost and the others intra.
-        period = gpn // math.gcd(w.tp, gpn)
-        n_cross = (w.pp - 1) // period
-        total_sum = 0.0
-        for comps, count in taus:
-            base = sum(v for k, v in comps.items() if k != "pp_p2p")
-            total_sum += base * count
-        p2p_intra = _p2p_s(w, r, False)
-        p2p_inter = _p2p_s(w, r, True) if n_cross else 0.0
-        total_sum += n_cross * p2p_inter + (w.pp - 1 - n_cross) * p2p_intra
-    else:
-        total_sum = sum(taus[0][0].values())
-    slowest = max((c for c, _ in taus), key=lambda c: sum(c.values()))
-    tau_max = sum(slowest.values())
-    m = w.micro_batches
-    per_update: dict[str, float] = {k: m * v for k, v in slowest.items()}
-    per_update["pp_bubble"] = max(0.0, total_sum - tau_max)
-    if w.kind == "train":
-        shard_params = max(st.params for st, _ in groups)
-        spans = w.dp * w.tp * w.pp > gpn
-        ar = r.allreduce_s(w.dtype_bytes * shard_params, w.dp, spans)
-        per_update["dp_sync"] = (1.0 - DP_OVERLAP) * ar
-        traffic = (ADAM_STATE_TRAFFIC_BYTES + 2 * w.dtype_bytes) * shard_params
-        per_update["optimizer"] = traffic / r.copy_bps
-    scaled = tuple((k, w.updates * v) for k, v in per_update.items())
+    ctx = stage_context(setup, ms)
+    check_candidate(ctx, cand)
+    r = _rates(setup.cluster.gpu, calib)
+    gpn = setup.cluster.gpus_per_node
+    t, pp, dp, b, m = cand.tp, cand.pp, cand.dp, cand.micro_batch, cand.grad_accum
+    recompute = cand.recompute and ctx.trainable
+    key = (r, gpn, t, pp, b, recompute)
+    prof = ctx.memo.get(key)
+    if not isinstance(prof, _Profile):
+        prof = _profile(ctx, r, gpn, t, pp, b, recompute)
+        if len(ctx.memo) >= MEMO_MAX:
+            ctx.memo.clear()
+        ctx.memo[key] = prof
+    comps = [(k, m * v) for k, v in zip(prof.keys, prof.slowest, strict=True)]
+    comps.append(("pp_bubble", max(0.0, prof.sum_tau - prof.tau_max) if pp > 1 else 0.0))
+    if ctx.kind == "train":
+        bts = ctx.dtype_bytes
+        spans = dp * t * pp > gpn
+        comps.append(("dp_sync", (1.0 - DP_OVERLAP) * r.allreduce_s(bts * prof.shard_params, dp, spans)))
+        traffic = (ADAM_STATE_TRAFFIC_BYTES + 2 * bts) * prof.shard_params
+        comps.append(("optimizer", traffic / r.copy_bps))
+    u = ctx.updates
+    scaled = tuple((k, u * v) for k, v in comps)
     return StageLatency(ms.name, sum(v for _, v in scaled), scaled)
 
 

@@ -25,10 +25,19 @@ Every component is multiplied by ``calib.memory_factor(ms.name)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from nereus.cost.calibration import Calibration
-from nereus.cost.workload import PipelineStage, Workload, workload
+from nereus.cost.workload import (
+    MEMO_MAX,
+    PipelineStage,
+    Workload,
+    check_candidate,
+    stage_context,
+    workload,
+)
 from nereus.errors import ConfigError
 from nereus.spec.job import Setup
 from nereus.spec.plan import Candidate, ExecutionPlan
@@ -65,6 +74,19 @@ class MemoryBreakdown:
     @property
     def peak_bytes(self) -> int:
         return self.persistent_bytes + self.transient_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> MemoryBreakdown:
+        values = {}
+        for f in fields(MemoryBreakdown):
+            v = d.get(f.name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"memory.{f.name}", v, "must be an integer >= 0")
+            values[f.name] = v
+        return MemoryBreakdown(**values)
 
 
 def _layer_activation_bytes(w: Workload, s: int, b: int) -> int:
@@ -113,18 +135,45 @@ def _workspace_bytes(setup: Setup) -> int:
     return CPU_WORKSPACE_BYTES if setup.cluster.gpu.vendor == "cpu" else WORKSPACE_BYTES
 
 
+def _memo_key(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibration) -> tuple[object, ...]:
+    """Everything a breakdown depends on: ``grad_accum`` only through ``min(pp, grad_accum)``."""
+    return (
+        cand.tp, cand.pp, cand.micro_batch, min(cand.pp, cand.grad_accum),
+        cand.recompute and ms.trainable, _workspace_bytes(setup), calib.memory_factor(ms.name),
+    )
+
+
 def rank_memory(
     setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibration, pp_rank: int
 ) -> MemoryBreakdown:
     """Bytes on one GPU of pipeline rank ``pp_rank`` (every TP rank of a stage holds the same)."""
-    w = workload(setup, ms, cand)
-    if not 0 <= pp_rank < w.pp:
-        raise ConfigError(f"{cand.name}.pp_rank", pp_rank, f"must be in [0, {w.pp})")
-    return _rank_memory(w, w.stage(pp_rank), _workspace_bytes(setup), calib.memory_factor(ms.name))
+    ctx = stage_context(setup, ms)
+    check_candidate(ctx, cand)
+    if not 0 <= pp_rank < cand.pp:
+        raise ConfigError(f"{cand.name}.pp_rank", pp_rank, f"must be in [0, {cand.pp})")
+    key = ("rank", pp_rank, *_memo_key(setup, ms, cand, calib))
+    got = ctx.memo.get(key)
+    if not isinstance(got, MemoryBreakdown):
+        w = workload(setup, ms, cand)
+        got = _rank_memory(w, w.stage(pp_rank), _workspace_bytes(setup), calib.memory_factor(ms.name))
+        if len(ctx.memo) >= MEMO_MAX:
+            ctx.memo.clear()
+        ctx.memo[key] = got
+    return got
 
 
 def stage_memory(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibration) -> MemoryBreakdown:
-    """Breakdown of the most loaded GPU (highest peak; ties: lowest pipeline rank)."""
+    """Breakdown of the most loaded GPU (highest peak; ties: lowest pipeline rank).
+
+    Within a run of ranks with the same layers, the first holds the most micro-batches in flight,
+    so only the first rank of each run (``Workload.distinct_stages``) is evaluated.
+    """
+    ctx = stage_context(setup, ms)
+    check_candidate(ctx, cand)
+    key = ("peak", *_memo_key(setup, ms, cand, calib))
+    got = ctx.memo.get(key)
+    if isinstance(got, MemoryBreakdown):
+        return got
     w = workload(setup, ms, cand)
     ws, factor = _workspace_bytes(setup), calib.memory_factor(ms.name)
     best: MemoryBreakdown | None = None
@@ -133,6 +182,9 @@ def stage_memory(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibrati
         if best is None or mb.peak_bytes > best.peak_bytes:
             best = mb
     assert best is not None
+    if len(ctx.memo) >= MEMO_MAX:
+        ctx.memo.clear()
+    ctx.memo[key] = best
     return best
 
 

@@ -19,7 +19,7 @@ Assumptions shared by the latency and memory models:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nereus.errors import ConfigError
 from nereus.spec.job import Setup
@@ -54,6 +54,11 @@ class ModelDims:
     matmul_params_per_layer: int
     embedding_params: int
     norm_params: int
+    hidden_size: int
+    q_size: int
+    num_kv_heads: int
+    kv_channels: int
+    num_attention_heads: int
 
 
 @functools.lru_cache(maxsize=256)
@@ -61,7 +66,10 @@ def model_dims(m: ModelSpec) -> ModelDims:
     norm = m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
     qk = 2 * m.kv_channels if m.qk_norm else 0
     layer = m.layer_params()
-    return ModelDims(m.num_layers, layer, layer - qk - 2 * norm, m.embedding_params(), norm)
+    return ModelDims(
+        m.num_layers, layer, layer - qk - 2 * norm, m.embedding_params(), norm,
+        m.hidden_size, m.q_size, m.num_kv_heads, m.kv_channels, m.num_attention_heads,
+    )
 
 
 def _head_params(m: ModelSpec, head_outputs: int, pp: int) -> int:
@@ -118,61 +126,153 @@ class Workload:
 
     def distinct_stages(self) -> tuple[tuple[PipelineStage, int], ...]:
         """Stages that differ in shape, each with how many ranks share it (O(1) for any pp)."""
-        p = self.pp
-        if p == 1:
-            return ((self.stage(0), 1),)
-        big = max(0, min(self.model.num_layers % p, p - 1) - 1)  # middle ranks with one more layer
-        small = (p - 2) - big
-        groups = [(self.stage(0), 1)]
-        if big:
-            groups.append((self.stage(1), big))
-        if small:
-            groups.append((self.stage(1 + big), small))
-        groups.append((self.stage(p - 1), 1))
-        return tuple(groups)
+        return tuple((self.stage(r), n) for r, _, n in stage_groups(self.dims.num_layers, self.pp))
 
 
-def workload(setup: Setup, ms: ModelStage, cand: Candidate) -> Workload:
-    """Check ``cand`` against ``ms`` and the job, and return its per-replica shapes."""
+@dataclass(frozen=True, eq=False)
+class StageContext:
+    """What a model-stage's costs depend on besides the candidate (built once per setup).
+
+    Compared and hashed by identity (value-equal setups share one context through
+    ``stage_context``), so it can key memo tables cheaply; ``memo`` holds per-layout results
+    that the latency and memory models compute once and reuse (deterministic: a pure cache).
+    """
+
+    name: str
+    kind: str
+    trainable: bool
+    model: ModelSpec
+    dims: ModelDims
+    head_outputs: int
+    sequences: int
+    updates: int
+    per_update: int  # sequences per update (training) or per step
+    seq_len: int
+    max_seq_len: int
+    prompt_len: int
+    gen_len: int
+    max_gen_len: int
+    dtype_bytes: int
+    memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+
+    def head_params(self, pp: int) -> int:
+        return _head_params(self.model, self.head_outputs, pp)
+
+
+# (id(setup), id(ms)) -> (setup, ms, context): skips hashing the setup when the caller passes the
+# same objects again; the stored references keep the ids from being reused while cached.
+_RECENT: dict[tuple[int, int], tuple[Setup, ModelStage, StageContext]] = {}
+_RECENT_MAX = 256
+MEMO_MAX = 1 << 16  # entries per memo table before it is cleared
+
+
+def stage_context(setup: Setup, ms: ModelStage) -> StageContext:
+    """The candidate-independent part of a model-stage's costs (cached)."""
+    hit = _RECENT.get((id(setup), id(ms)))
+    if hit is not None and hit[0] is setup and hit[1] is ms:
+        return hit[2]
+    ctx = _stage_context(setup, ms)
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.clear()
+    _RECENT[(id(setup), id(ms))] = (setup, ms, ctx)
+    return ctx
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_context(setup: Setup, ms: ModelStage) -> StageContext:
     job = setup.job
     try:
         model = job.model(ms.role)
     except KeyError:
         raise ConfigError("job.models", ms.role, f"no model for role of {ms.name}") from None
-    for field, v in (("tp", cand.tp), ("pp", cand.pp), ("dp", cand.dp),
-                     ("micro_batch", cand.micro_batch), ("grad_accum", cand.grad_accum)):
-        if v < 1:
-            raise ConfigError(f"{cand.name}.{field}", v, "must be >= 1")
-    if cand.pp > model.num_layers:
-        raise ConfigError(f"{cand.name}.pp", cand.pp, f"more stages than {model.num_layers} layers")
     sequences = job.sequences(ms.sequences_per_prompt)
     updates = job.minibatches if ms.trainable else 1
-    per_update = sequences // updates
-    if per_update * updates != sequences or cand.dp * cand.micro_batch * cand.grad_accum != per_update:
-        raise ConfigError(
-            f"{cand.name}.dp*micro_batch*grad_accum",
-            cand.dp * cand.micro_batch * cand.grad_accum,
-            f"must equal the {per_update} sequences per {'update' if ms.trainable else 'step'}",
-        )
-    head = 1 if ms.role in VALUE_HEAD_ROLES else model.vocab_size
-    return Workload(
-        model=model,
+    if updates < 1 or sequences % updates:
+        raise ConfigError("job.minibatches", job.minibatches, f"must divide the {sequences} sequences")
+    return StageContext(
+        name=ms.name,
         kind=ms.kind,
-        tp=cand.tp,
-        pp=cand.pp,
-        dp=cand.dp,
-        head_outputs=head,
+        trainable=ms.trainable,
+        model=model,
+        dims=model_dims(model),
+        head_outputs=1 if ms.role in VALUE_HEAD_ROLES else model.vocab_size,
         sequences=sequences,
         updates=updates,
-        micro_batch=cand.micro_batch,
-        micro_batches=cand.grad_accum,
+        per_update=sequences // updates,
         seq_len=job.seq_len,
         max_seq_len=job.max_seq_len,
         prompt_len=job.prompt_len,
         gen_len=job.gen_len,
         max_gen_len=job.gen_len_p95 or job.gen_len,
         dtype_bytes=job.dtype_bytes,
-        recompute=cand.recompute and ms.trainable,
-        dims=model_dims(model),
-        head_params=_head_params(model, head, cand.pp),
+    )
+
+
+def check_candidate(ctx: StageContext, cand: Candidate) -> None:
+    """Raise ``ConfigError`` unless ``cand`` is a valid layout and batch split for ``ctx``."""
+    tp, pp, dp, b, ga = cand.tp, cand.pp, cand.dp, cand.micro_batch, cand.grad_accum
+    if tp < 1 or pp < 1 or dp < 1 or b < 1 or ga < 1:
+        for field, v in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", b), ("grad_accum", ga)):
+            if v < 1:
+                raise ConfigError(f"{cand.name}.{field}", v, "must be >= 1")
+    if pp > ctx.dims.num_layers:
+        raise ConfigError(f"{cand.name}.pp", pp, f"more stages than {ctx.dims.num_layers} layers")
+    if dp * b * ga != ctx.per_update:
+        raise ConfigError(
+            f"{cand.name}.dp*micro_batch*grad_accum",
+            dp * b * ga,
+            f"must equal the {ctx.per_update} sequences per {'update' if ctx.trainable else 'step'}",
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_groups(num_layers: int, pp: int) -> tuple[tuple[int, int, int], ...]:
+    """``(first pp_rank, layers, ranks)`` of each run of pipeline ranks with the same shape.
+
+    Rank 0 and rank ``pp - 1`` are always their own group (embedding, head); the middle ranks
+    form at most two groups (``num_layers // pp + 1`` layers below ``num_layers % pp``, then
+    ``num_layers // pp``).
+    """
+    base, rem = divmod(num_layers, pp)
+
+    def layers(r: int) -> int:
+        return base + (1 if r < rem else 0)
+
+    if pp == 1:
+        return ((0, num_layers, 1),)
+    big = max(0, min(rem, pp - 1) - 1)
+    small = (pp - 2) - big
+    groups = [(0, layers(0), 1)]
+    if big:
+        groups.append((1, layers(1), big))
+    if small:
+        groups.append((1 + big, layers(1 + big), small))
+    groups.append((pp - 1, layers(pp - 1), 1))
+    return tuple(groups)
+
+
+def workload(setup: Setup, ms: ModelStage, cand: Candidate) -> Workload:
+    """Check ``cand`` against ``ms`` and the job, and return its per-replica shapes."""
+    ctx = stage_context(setup, ms)
+    check_candidate(ctx, cand)
+    return Workload(
+        model=ctx.model,
+        kind=ctx.kind,
+        tp=cand.tp,
+        pp=cand.pp,
+        dp=cand.dp,
+        head_outputs=ctx.head_outputs,
+        sequences=ctx.sequences,
+        updates=ctx.updates,
+        micro_batch=cand.micro_batch,
+        micro_batches=cand.grad_accum,
+        seq_len=ctx.seq_len,
+        max_seq_len=ctx.max_seq_len,
+        prompt_len=ctx.prompt_len,
+        gen_len=ctx.gen_len,
+        max_gen_len=ctx.max_gen_len,
+        dtype_bytes=ctx.dtype_bytes,
+        recompute=cand.recompute and ctx.trainable,
+        dims=ctx.dims,
+        head_params=ctx.head_params(cand.pp),
     )
