@@ -7,7 +7,8 @@ Rules, in the order they are applied:
    whole nodes, its pipeline stages in node order.
 2. Lanes run concurrently, so they get disjoint GPUs: each lane's *envelope* (per block level s,
    the most GPUs any of its phases needs in blocks of size ≥ s) is packed into nodes largest block
-   first, best fit. Phases of a lane run one after another and reuse the lane's GPUs; the
+   first, best fit; GPUs left over join the last lane. Phases of a lane run one after another
+   and reuse the lane's GPUs; the
    model-stages of one phase get disjoint GPUs, placed largest block first.
 3. Replicas of generation and inference model-stages, and of training model-stages that already
    span nodes, are spread over nodes (fewest replicas of that model-stage first) so that a node
@@ -101,6 +102,10 @@ def assign(setup: Setup, choice: Mapping[str, Candidate], pool: Sequence[int]) -
         node = min(fits, key=lambda n: (len(free[n]), n))
         take, free[node] = free[node][:size], free[node][size:]
         lane_gpus[li].setdefault(node, []).extend(take)
+    # GPUs no envelope needs go to the last lane: more room to spread replicas over nodes.
+    for node, ids in free.items():
+        if ids:
+            lane_gpus[-1].setdefault(node, []).extend(ids)
     # 2. phases of each lane inside the lane's GPUs, largest block first.
     replicas: dict[str, list[tuple[int, ...]]] = {}
     for li, lane in enumerate(wf.lanes):

@@ -5,7 +5,7 @@ inside ``solve`` only, so the pure core imports without it. Same plan space and 
 the DP (``nereus.plan.problem``), over every feasible candidate, not only frontier ones:
 
 - binary ``x[M,c]``, ``Σ_c x[M,c] = 1`` for every model-stage M;
-- phase latency ``T_φ ≥ Σ_c L_c·x[M,c]`` for every M in φ; step ``Z ≥ Σ_{φ ∈ l} T_φ`` per lane;
+- phase latency ``T_φ ≥ Σ_c L_c·x[M,c]`` (scaled to O(1)) for every M in φ; step ``Z ≥ Σ_{φ ∈ l} T_φ`` per lane;
 - GPU budgets: per lane, phase and level s ``Σ_{M ∈ φ} Σ_c d_c[s]·x[M,c] ≤ D[l,s]`` and
   ``Σ_l D[l,s] ≤ cap_s``;
 - memory: ``P_φ ≥ Σ_c P_c·x``, ``PT_φ ≥ Σ_c PT_c·x`` for M in φ, and per lane and phase φ*
@@ -96,13 +96,17 @@ def _solve_once(problem: Problem, time_limit_s: float, margin_gb: float) -> Milp
         hi.append(ub)
 
     inf = float("inf")
+    # Latencies in units of the slowest model-stage's fastest candidate, so the objective is
+    # O(1) whatever the model size (HiGHS has an absolute gap tolerance).
+    scale_s = max((min(c.latency_s for c in spaces[m]) for m in wf.names if spaces[m]), default=1.0)
+    scale_s = scale_s if scale_s > 0 else 1.0
     demand = {name: [problem.demand(c) for c in spaces[name]] for name in wf.names}
     for name in wf.names:
         row([(col[(name, i)], 1.0) for i in range(len(spaces[name]))], 1.0, 1.0)
     for k, (li, phase) in enumerate(phases):
         for name in phase:
             cs = spaces[name]
-            row([(t_col[k], 1.0)] + [(col[(name, i)], -c.latency_s) for i, c in enumerate(cs)], 0.0, inf)
+            row([(t_col[k], 1.0)] + [(col[(name, i)], -c.latency_s / scale_s) for i, c in enumerate(cs)], 0.0, inf)
             row([(p_col[k], 1.0)] + [(col[(name, i)], -c.persistent_bytes / GB) for i, c in enumerate(cs)], 0.0, inf)
             row([(pt_col[k], 1.0)] + [(col[(name, i)], -c.peak_bytes / GB) for i, c in enumerate(cs)], 0.0, inf)
         for s in range(nl):
