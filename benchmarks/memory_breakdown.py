@@ -88,7 +88,7 @@ def rows(
                 "weights_gb": mb.weights_bytes / 1e9, "grads_gb": mb.grads_bytes / 1e9,
                 "adam_gb": mb.optimizer_bytes / 1e9, "activations_gb": mb.activations_bytes / 1e9,
                 "workspace_gb": mb.workspace_bytes / 1e9, "peak_gb": mb.peak_bytes / 1e9,
-                "capacity_gb": cap / 1e9, "model": "fits" if mb.peak_bytes <= cap else "OOM",
+                "capacity_gb": cap / 1e9, "peak_over_capacity": mb.peak_bytes / cap, "model": "fits" if mb.peak_bytes <= cap else "OOM",
                 "paper": PAPER.get(((dp, tp, pp), gen), "-"),
             })
     return out
@@ -96,14 +96,14 @@ def rows(
 
 def _table(title: str, data: list[dict[str, object]]) -> str:
     head = ("layout", "gen", "s", "pp rank", "weights", "grads", "Adam", "activ.", "workspace", "peak",
-            "cap.", "model", "paper")
+            "cap.", "peak/cap.", "model", "paper")
     lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data:
         cells = [str(r["layout"]), str(r["gen_len"]), str(r["seq_len"]), str(r["pp_rank"])]
         cells += [f"{float(r[k]):.1f}" for k in ("weights_gb", "grads_gb", "adam_gb",  # type: ignore[arg-type]
                                                   "activations_gb", "workspace_gb", "peak_gb",
                                                   "capacity_gb")]
-        cells += [str(r["model"]), str(r["paper"])]
+        cells += [f"{float(r['peak_over_capacity']):.2f}", str(r["model"]), str(r["paper"])]  # type: ignore[arg-type]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
