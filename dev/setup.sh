@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine (root) for Nereus development and tests: the CPU build of torch,
 # the package with every extra, and the system packages the tests use (a local Slurm, munge,
-# hdf5-tools). Idempotent; safe to rerun.
+# hdf5-tools, hipcc for the HIP kernels' compile check). Idempotent; safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -13,13 +13,13 @@ PY=${PYTHON:-python3}
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   need=""
-  for cmd in slurmctld slurmd sinfo munged h5clear; do
+  for cmd in slurmctld slurmd sinfo munged h5clear hipcc; do
     command -v "$cmd" >/dev/null 2>&1 || need=1
   done
   if [ -n "$need" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      slurmctld slurmd slurm-client munge hdf5-tools >/dev/null
+      slurmctld slurmd slurm-client munge hdf5-tools hipcc >/dev/null
   fi
 fi
 echo "nereus: setup done"

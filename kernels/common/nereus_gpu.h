@@ -1,0 +1,55 @@
+// Portability header: the one place that names a GPU vendor's runtime.
+//
+// The pack/unpack design (pack_kernel.h) is written once against the names below. The CUDA
+// translation unit (kernels/cuda/pack.cu, nvcc) and the HIP one (kernels/hip/pack.hip, hipcc)
+// include this header first; a plain C++ compiler gets the host mode, in which the same device
+// code runs serially on the CPU (pack_host.cpp, used by the CPU tests).
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#include <hip/hip_runtime.h>
+#define NEREUS_GPU 1
+#define NEREUS_GPU_DIALECT "hip"
+typedef hipStream_t gpuStream_t;
+typedef hipError_t gpuError_t;
+#define gpuSuccess hipSuccess
+#define gpuGetLastError hipGetLastError
+#define gpuGetErrorString hipGetErrorString
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+#define NEREUS_GPU 1
+#define NEREUS_GPU_DIALECT "cuda"
+typedef cudaStream_t gpuStream_t;
+typedef cudaError_t gpuError_t;
+#define gpuSuccess cudaSuccess
+#define gpuGetLastError cudaGetLastError
+#define gpuGetErrorString cudaGetErrorString
+#else
+#define NEREUS_GPU 0
+#define NEREUS_GPU_DIALECT "host"
+#endif
+
+#if NEREUS_GPU
+#define NEREUS_HD __host__ __device__ __forceinline__
+#define NEREUS_UNROLL _Pragma("unroll")
+#else
+#define NEREUS_HD inline
+#define NEREUS_UNROLL
+#endif
+
+// Copy units of 1, 2, 4, 8 and 16 bytes; the 16-byte one compiles to one 128-bit load/store.
+template <int Bytes> struct nereus_vec;
+template <> struct nereus_vec<1> { typedef uint8_t type; };
+template <> struct nereus_vec<2> { typedef uint16_t type; };
+template <> struct nereus_vec<4> { typedef uint32_t type; };
+#if NEREUS_GPU
+template <> struct nereus_vec<8> { typedef uint2 type; };
+template <> struct nereus_vec<16> { typedef uint4 type; };
+#else
+struct alignas(8) nereus_host_u64x1 { uint32_t v[2]; };
+struct alignas(16) nereus_host_u128 { uint32_t v[4]; };
+template <> struct nereus_vec<8> { typedef nereus_host_u64x1 type; };
+template <> struct nereus_vec<16> { typedef nereus_host_u128 type; };
+#endif
