@@ -154,7 +154,7 @@ def exact_makespan(
                 if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1:
                     pairs.add((min(a, b), max(a, b)))
     pair_list = sorted(pairs)
-    d = np.asarray(durations_s, dtype=float)
+    d = np.asarray(durations_s, dtype=float) * 1e3  # milliseconds: better scaled for HiGHS
     big = float(d.sum()) + 1.0
     nv = n + 1 + len(pair_list)  # starts, makespan, one binary per free pair
     rows: list[dict[int, float]] = []
@@ -186,13 +186,15 @@ def exact_makespan(
     integrality[n + 1:] = 1
     ub = np.full(nv, big)
     ub[n + 1:] = 1.0
-    res = milp(
-        cost,
-        constraints=LinearConstraint(mat, np.asarray(lo), np.full(len(rows), np.inf)),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(nv), ub),
-        options={"time_limit": time_limit_s, "disp": False},
-    )
+    cons = LinearConstraint(mat, np.asarray(lo), np.full(len(rows), np.inf))
+    res = None
+    for presolve in (True, False):  # HiGHS' presolve occasionally ends in a solve error
+        res = milp(cost, constraints=cons, integrality=integrality,
+                   bounds=Bounds(np.zeros(nv), ub),
+                   options={"time_limit": time_limit_s, "disp": False, "presolve": presolve})
+        if res.x is not None:
+            break
+    assert res is not None
     if res.x is None:
         return ExactSchedule(float("nan"), False, str(res.message))
-    return ExactSchedule(float(res.x[n]), res.status == 0, str(res.message))
+    return ExactSchedule(float(res.x[n]) / 1e3, res.status == 0, str(res.message))

@@ -28,6 +28,7 @@ from nereus.transition.primitives import (
     Primitive,
     Split,
     StateSizer,
+    groupings_differ,
     sub_unit_gpus,
     sub_units,
 )
@@ -80,6 +81,8 @@ class _Local:
 
 def _best_grouping(unit: Emu, t_sub: Layout, others: set[tuple[int, ...]]) -> str:
     """The grouping whose sub-units hit ``others`` most often (interleaved on ties)."""
+    if not groupings_differ(unit.layout, t_sub):
+        return GROUPINGS[0]
     best, hits = GROUPINGS[0], -1
     for grp in GROUPINGS:
         n = sum(t in others for t in sub_unit_gpus(unit, t_sub, grp))
@@ -117,7 +120,7 @@ def _local_dag(
     # Per unit the sub-unit grouping that lands most sub-units exactly on a target slot.
     src_tuples: set[tuple[int, ...]] = set()
     for u in srcs:
-        for grp in GROUPINGS:
+        for grp in GROUPINGS if groupings_differ(u.layout, t_sub) else GROUPINGS[:1]:
             src_tuples.update(sub_unit_gpus(u, t_sub, grp))
     tgt_group: dict[Emu, str] = {}
     slot_gpus: set[tuple[int, ...]] = set()
@@ -163,18 +166,21 @@ def _local_dag(
         pool.append(_Source(donor, 1 if donor in producer else 0))
         surplus = [s for s in surplus if s != donor] + [donor]
     reads: dict[Emu, list[int]] = {}
+    heap = [(src.free_at, k, src.unit) for k, src in enumerate(pool)]
+    heapq.heapify(heap)
+    tie = len(heap)
     for slot in unfilled:
         blocked = 1 if any(g in held for g in slot.gpus) else 0
-        best: _Source | None = None
-        for entry in pool:
-            if (best is None or entry.free_at < best.free_at) and not (
-                set(entry.unit.gpus) & set(slot.gpus)
-            ):
-                best = entry
-        if best is None:
+        slot_set = set(slot.gpus)
+        skipped = []
+        while heap and not slot_set.isdisjoint(heap[0][2].gpus):
+            skipped.append(heapq.heappop(heap))
+        if not heap:
             return None
-        src = best.unit
-        start = max(best.free_at, blocked)
+        free_at, _, src = heapq.heappop(heap)
+        for item in skipped:
+            heapq.heappush(heap, item)
+        start = max(free_at, blocked)
         e = loc.add(Extend(src, slot, state_bytes))
         if src in producer:
             loc.edges.append((producer[src], e, "data"))
@@ -182,8 +188,9 @@ def _local_dag(
         if prev:
             loc.edges.append((prev[-1], e, "order"))
         prev.append(e)
-        best.free_at = start + 1
-        pool.append(_Source(slot, start + 1))
+        heapq.heappush(heap, (start + 1, tie, src))
+        heapq.heappush(heap, (start + 1, tie + 1, slot))
+        tie += 2
         producer[slot] = e
     for s in surplus:
         d = loc.add(Destroy(s, state_bytes))
@@ -229,11 +236,15 @@ def _pick_donor(
     It must be disjoint from some unfilled slot; better when that slot's GPUs are free now, when
     no other model-stage's target needs the donor's GPUs, and when it needs no Split.
     """
+    free_slots = [frozenset(x.gpus) for x in unfilled if not any(g in held for g in x.gpus)]
+    held_slots = [frozenset(x.gpus) for x in unfilled if any(g in held for g in x.gpus)]
+
     def score(s: Emu) -> tuple[int, int]:
         fit = -1
-        for slot in unfilled:
-            if set(s.gpus).isdisjoint(slot.gpus):
-                fit = max(fit, 0 if any(g in held for g in slot.gpus) else 1)
+        if any(f.isdisjoint(s.gpus) for f in free_slots):
+            fit = 1
+        elif any(f.isdisjoint(s.gpus) for f in held_slots):
+            fit = 0
         return fit, 0 if others_need.intersection(s.gpus) else 1
 
     cands: list[tuple[tuple[int, int, int], Emu, Emu | None]] = []

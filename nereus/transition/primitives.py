@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from nereus.emu.unit import Emu, Layout
 from nereus.spec.model import ModelSpec
@@ -58,20 +59,30 @@ def _sub_position(lay: Layout, sub: Layout, b: int, j_pp: int, j_tp: int, groupi
     return (bp * sub.pp + j_pp) * lay.tp + bt * sub.tp + j_tp
 
 
+@lru_cache(maxsize=4096)
+def _sub_index(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(
+        tuple(
+            _sub_position(lay, sub, b, j_pp, j_tp, grouping)
+            for j_pp in range(sub.pp)
+            for j_tp in range(sub.tp)
+        )
+        for b in range(lay.size // sub.size)
+    )
+
+
+@lru_cache(maxsize=4096)
+def groupings_differ(lay: Layout, sub: Layout) -> bool:
+    """False when both groupings give the same sub-units (one split axis, or sub 1 on it)."""
+    return _sub_index(lay, sub, GROUPINGS[0]) != _sub_index(lay, sub, GROUPINGS[1])
+
+
 def sub_unit_gpus(
     unit: Emu, sub: Layout, grouping: str = "interleaved"
 ) -> tuple[tuple[int, ...], ...]:
     """GPU tuples of the sub-units that splitting ``unit`` into layout ``sub`` produces."""
-    lay = unit.layout
-    k = lay.size // sub.size
-    return tuple(
-        tuple(
-            unit.gpus[_sub_position(lay, sub, b, j_pp, j_tp, grouping)]
-            for j_pp in range(sub.pp)
-            for j_tp in range(sub.tp)
-        )
-        for b in range(k)
-    )
+    g = unit.gpus
+    return tuple(tuple(g[i] for i in idx) for idx in _sub_index(unit.layout, sub, grouping))
 
 
 def sub_units(unit: Emu, sub: Layout, grouping: str = "interleaved") -> tuple[Emu, ...]:
@@ -173,6 +184,10 @@ class Split:
         return 1
 
     def transfers(self) -> tuple[Transfer, ...]:
+        return self._transfers
+
+    @cached_property
+    def _transfers(self) -> tuple[Transfer, ...]:
         """Each GPU gathers the part of its new shard it lacks from the unit's other GPUs."""
         lay, sub = self.src.layout, self.into[0].layout
         have = {g: region(lay, i) for i, g in enumerate(self.src.gpus)}
@@ -223,6 +238,10 @@ class Merge:
         return need, have, holders
 
     def transfers(self) -> tuple[Transfer, ...]:
+        return self._transfers
+
+    @cached_property
+    def _transfers(self) -> tuple[Transfer, ...]:
         need, have, holders = self._sides()
         out: list[Transfer] = []
         for g, want in need.items():

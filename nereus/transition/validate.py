@@ -223,26 +223,32 @@ def _check_copies(
                 from_source.add(stage[r])
             else:
                 surv_mask[stage[r]] = surv_mask.get(stage[r], 0) | (1 << producer[r])
+    by_stage: dict[str, list[int]] = {}
+    safe: list[bool] = []  # alive to the end, or ends only after a surviving copy was made
+    for r in range(n):
+        by_stage.setdefault(stage[r], []).append(r)
+        e = ends[r]
+        mask = surv_mask.get(stage[r], 0)
+        safe.append(e is None or any(anc[x] & mask for x in e))
     for d, p in enumerate(dag.primitives):
-        if not isinstance(p, Destroy) or p.model_stage not in need:
+        if not isinstance(p, Destroy):
             continue
-        if p.model_stage in from_source:
+        ms = p.model_stage
+        if ms not in need or ms in from_source:
             continue
-        mask = surv_mask.get(p.model_stage, 0)
+        mask = surv_mask.get(ms, 0)
         if anc[d] & mask:
             continue
         ok = False
-        for r in range(n):
-            if stage[r] != p.model_stage or consumer[r] == d:
+        for r in by_stage.get(ms, ()):
+            if consumer[r] == d:
                 continue
             if producer[r] >= 0 and not (anc[d] >> producer[r]) & 1:
                 continue
             e = ends[r]
-            # alive at d, or ended only after a surviving copy was made
-            if e is None or any(x != d and ((anc[x] >> d) & 1 or anc[x] & mask) for x in e):
+            # alive at d (one of its ends comes after d), or safe in any case
+            if safe[r] or (e is not None and any(x != d and (anc[x] >> d) & 1 for x in e)):
                 ok = True
                 break
         if not ok:
-            raise TransitionError(
-                f"Destroy #{d} of {p.model_stage} may run while no other copy is surely alive"
-            )
+            raise TransitionError(f"Destroy #{d} of {ms} may run while no other copy is surely alive")
