@@ -46,13 +46,6 @@ def test_h200_defaults_recomputed_from_measurements() -> None:
         assert default_calibration().efficiency(H200, OpClass(op)) == H200_EFFICIENCY[op]
 
 
-def test_measured_data_file_is_the_shared_copy() -> None:
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "h200_op_efficiency.json"
-    if not shared.exists():
-        pytest.skip("shared data directory not present on this machine")
-    assert shared.read_bytes() == DATA.read_bytes()
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_unseen_classes_are_conservative(op: OpClass) -> None:
     c = default_calibration()
