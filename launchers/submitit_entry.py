@@ -124,3 +124,14 @@ class NereusEntry:
 
         self.stop_child()
         return DelayedSubmission(self.next_attempt(), *args, **kwargs)
+
+
+def submitit_parameters() -> dict[str, Any]:
+    """``executor.update_parameters(**submitit_parameters())``: the same elastic launch as the
+    sbatch templates (allocation and steps survive a node failure; PMI2; no kill on a bad exit).
+    submitit keeps its own ``--signal=USR2@90`` and requeue handling."""
+    return {
+        "slurm_additional_parameters": {"no_kill": True},
+        "slurm_srun_args": ["--mpi=pmi2", "--no-kill", "--kill-on-bad-exit=0"],
+        "slurm_setup": ["export SLURM_NO_KILL=set"],
+    }

@@ -22,7 +22,7 @@ from slurm_cluster import LocalSlurm
 
 from launchers.commands import LaunchSpec
 from launchers.sbatch import SbatchSpec, sbatch_script, submit
-from launchers.submitit_entry import NereusEntry
+from launchers.submitit_entry import NereusEntry, submitit_parameters
 from nereus.cluster.env import JobEnvironment
 from nereus.cluster.slurm_watch import JobInfo, parse_job_record
 
@@ -132,13 +132,15 @@ def test_usr1_warning_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm
 def test_submitit_callable_and_command(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     submitit = pytest.importorskip("submitit")
     executor = submitit.AutoExecutor(folder=str(tmp_path / "%j"), cluster="slurm")
-    executor.update_parameters(timeout_min=5, nodes=2, tasks_per_node=1, cpus_per_task=1)
+    executor.update_parameters(timeout_min=5, nodes=2, tasks_per_node=1, cpus_per_task=1,
+                               **submitit_parameters())
     job = executor.submit(NereusEntry("nereus.cluster.env:from_os_environ"))
     envs = job.results()  # job.state is UNKNOWN here: no accounting (sacct) on this cluster
     assert all(isinstance(e, JobEnvironment) for e in envs)
     assert sorted((e.global_rank, e.node_name) for e in envs) == [(0, "n1"), (1, "n2")]
     assert {e.slurm_job_id for e in envs} == {job.job_id}
     assert {e.job_nodes for e in envs} == {("n1", "n2")}
+    assert {(e.launcher, e.no_kill) for e in envs} == {("pmi", True)}  # PMI2, SLURM_NO_KILL=set
     executor.update_parameters(nodes=1)
     job = executor.submit(NereusEntry((sys.executable, "-m", "nereus", "inventory", "--json")))
     assert job.result() == 0
