@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import socket
 import tempfile
 import warnings
@@ -53,3 +54,81 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
             else:
                 out.append(None)
         return out
+
+
+def _pool_entry(rank: int, world: int, port: int, jobs: Any, results: Any) -> None:
+    warnings.filterwarnings("ignore")
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    while True:
+        job = jobs[rank].get()
+        if job is None:
+            break
+        fn, args = job
+        try:
+            results.put((rank, True, fn(rank, world, store, *args)))
+        except BaseException:
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class GlooPool:
+    """``world`` long-lived gloo ranks; :meth:`run` runs one function on all of them."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        world = self.world
+        self.jobs = [ctx.Queue() for _ in range(world)]
+        self.results = ctx.Queue()
+        port = free_port()
+        self.procs = [ctx.Process(target=_pool_entry, args=(r, world, port, self.jobs,
+                                                            self.results), daemon=True)
+                      for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0) -> list[Any]:
+        for q in self.jobs:
+            q.put((fn, args))
+        out: list[Any] = [None] * self.world
+        errors = []
+        for _ in range(self.world):
+            try:
+                rank, ok, value = self.results.get(timeout=timeout_s)
+            except queue.Empty:
+                self._kill()
+                self._start()
+                raise AssertionError(f"ranks gave no result within {timeout_s} s") from None
+            if ok:
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+        if errors:  # the ranks may now disagree on group state: start fresh ones
+            self._kill()
+            self._start()
+            raise AssertionError("\n".join(errors))
+        return out
+
+    def _kill(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.join(timeout=20)
+
+    def close(self) -> None:
+        for q in self.jobs:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()

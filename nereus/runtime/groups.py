@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
 from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups
+from nereus.errors import CommunicationError
 
 
 def unit_groups(emu: Emu, global_rank: int, timeout_s: float) -> StageGroups | None:
@@ -51,7 +53,7 @@ def unit_groups(emu: Emu, global_rank: int, timeout_s: float) -> StageGroups | N
 class TransitionGroup:
     """A gloo group for one transition: ``members`` are global ranks (GPU ids), sorted."""
 
-    pg: dist.ProcessGroupGloo
+    pg: Any  # ProcessGroupGloo (a c10d Backend: send/recv/wait; untyped in torch stubs)
     members: tuple[int, ...]
     timeout_s: float
 
@@ -64,6 +66,12 @@ def transition_group(store: dist.Store, name: str, members: tuple[int, ...], glo
     """Join the group ``name`` (unique per transition) of ``members``; blocks until all join."""
     members = tuple(sorted(members))
     prefix = dist.PrefixStore(f"nereus/transition/{name}", store)
-    pg = dist.ProcessGroupGloo(prefix, members.index(global_rank), len(members),
-                               timedelta(seconds=timeout_s))
+    try:
+        pg = dist.ProcessGroupGloo(prefix, members.index(global_rank), len(members),
+                                   timedelta(seconds=timeout_s))
+    except (RuntimeError, dist.DistError) as e:
+        first = str(e).splitlines()[0] if str(e) else repr(e)
+        raise CommunicationError(
+            f"rank {global_rank}: joining transition group {name} of {members} failed: {first}"
+        ) from e
     return TransitionGroup(pg, members, timeout_s)

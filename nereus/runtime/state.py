@@ -1,0 +1,136 @@
+"""The EMU logical state Λ held by one rank: model shards, Adam state, counters (effectful).
+
+Λ = (θ parameters, ω Adam exp_avg / exp_avg_sq / step, update counters, model-stage and policy
+versions, minibatch position p). RNG and dataloader state are not stored: a replica derives them
+from its DP rank and p in a global sample order (:func:`minibatch_samples`, :func:`replica_rng`),
+so a new replica repeats or skips no sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from nereus.emu.shards import LocalShard, shards_at
+from nereus.emu.unit import Emu
+from nereus.engines.megatron_model import StageGroups, build_gpt
+from nereus.spec.model import ModelSpec
+
+FIELDS = ("param", "exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class Counters:
+    """Update counter, versions and the minibatch position p of the last completed update."""
+
+    updates: int = 0
+    model_stage_version: int = 0
+    policy_version: int = 0
+    position: int = 0
+
+
+@dataclass
+class UnitState:
+    """This rank's part of one EMU: a Megatron GPTModel stage and its Adam optimizer."""
+
+    spec: ModelSpec
+    emu: Emu
+    global_rank: int
+    groups: StageGroups
+    model: torch.nn.Module
+    optimizer: torch.optim.Adam
+    counters: Counters = field(default_factory=Counters)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(pp_rank, tp_rank) of this rank in the unit."""
+        pp_rank, tp_rank = divmod(self.emu.gpus.index(self.global_rank), self.emu.layout.tp)
+        return pp_rank, tp_rank
+
+    def shards(self) -> tuple[LocalShard, ...]:
+        pp_rank, tp_rank = self.position
+        return shards_at(self.spec, self.emu.layout, pp_rank, tp_rank)
+
+    def tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """field → local key → the live tensor (parameter data or Adam moment)."""
+        params = dict(self.model.named_parameters())
+        out: dict[str, dict[str, torch.Tensor]] = {f: {} for f in FIELDS}
+        for s in self.shards():
+            p = params[s.local_key]
+            st = self.optimizer.state[p]
+            out["param"][s.local_key] = p.data
+            out["exp_avg"][s.local_key] = st["exp_avg"]
+            out["exp_avg_sq"][s.local_key] = st["exp_avg_sq"]
+        return out
+
+    def step_value(self) -> float:
+        steps = {float(st["step"]) for st in self.optimizer.state.values()}
+        if len(steps) != 1:
+            raise ValueError(f"inconsistent Adam steps {steps}")
+        return steps.pop()
+
+    def snapshot(self) -> dict[str, dict[str, np.ndarray]]:
+        """A copy of the local tensors as numpy arrays (for checks and reassembly)."""
+        return {f: {k: t.detach().clone().numpy() for k, t in d.items()}
+                for f, d in self.tensors().items()}
+
+
+def new_unit_state(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGroups, *,
+                   lr: float = 1e-3, seed: int = 0, step: float = 0.0,
+                   counters: Counters | None = None) -> UnitState:
+    """Build the stage model and an Adam optimizer whose state exists (zeros) from the start."""
+    pp_rank, _ = divmod(emu.gpus.index(global_rank), emu.layout.tp)
+    model = build_gpt(spec, emu.layout.tp, emu.layout.pp, pp_rank, groups, seed=seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for p in model.parameters():
+        opt.state[p] = {"step": torch.tensor(float(step)),
+                        "exp_avg": torch.zeros_like(p.data),
+                        "exp_avg_sq": torch.zeros_like(p.data)}
+    return UnitState(spec, emu, global_rank, groups, model, opt, counters or Counters())
+
+
+def load_global(state: UnitState, glob: dict[str, dict[str, np.ndarray]]) -> None:
+    """Fill this rank's shards from a global logical state (field → tensor name → array)."""
+    live = state.tensors()
+    for s in state.shards():
+        for f in FIELDS:
+            dst = live[f][s.local_key]
+            for pc in s.pieces:
+                src = glob[f][s.tensor][tuple(slice(a, b) for a, b in
+                                              zip(pc.global_.start, pc.global_.stop, strict=True))]
+                dst[tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
+                                                      strict=True))] = torch.from_numpy(src)
+
+
+def _seed_of(*parts: int) -> int:
+    digest = hashlib.sha256(",".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def minibatch_samples(seed: int, num_samples: int, global_batch: int, position: int,
+                      dp_rank: int, dp: int) -> np.ndarray:
+    """Sample indices of replica ``dp_rank`` (of ``dp``) for minibatch ``position``.
+
+    The global order is a fixed permutation per epoch; minibatch p is its slice
+    [p·G, (p+1)·G) (wrapping into later epochs), cut into dp equal parts, so any dp sees each
+    sample of a minibatch exactly once.
+    """
+    if global_batch % dp:
+        raise ValueError(f"global batch {global_batch} not divisible by dp={dp}")
+    start = position * global_batch
+    epoch, offset = divmod(start, num_samples)
+    order = np.concatenate([
+        np.random.default_rng(_seed_of(seed, e)).permutation(num_samples)
+        for e in range(epoch, epoch + 2 + global_batch // num_samples)
+    ])
+    batch = order[offset:offset + global_batch]
+    per = global_batch // dp
+    return batch[dp_rank * per:(dp_rank + 1) * per]
+
+
+def replica_rng(seed: int, dp_rank: int, position: int) -> torch.Generator:
+    """The RNG of replica ``dp_rank`` at minibatch ``position`` (e.g. for dropout, sampling)."""
+    return torch.Generator().manual_seed(_seed_of(seed, dp_rank, position) % (2**63))
