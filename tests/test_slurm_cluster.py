@@ -26,11 +26,11 @@ from launchers.submitit_entry import NereusEntry, submitit_parameters
 from nereus.cluster.env import JobEnvironment
 from nereus.cluster.slurm_watch import JobInfo, parse_job_record
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[1]
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
@@ -43,7 +43,7 @@ def job_info(cluster: LocalSlurm, job_id: str) -> JobInfo:
 
 
 def wait_job(cluster: LocalSlurm, job_id: str, states: tuple[str, ...],
-             timeout_s: float = 30.0) -> JobInfo:
+             timeout_s: float = 60.0) -> JobInfo:
     found: list[JobInfo] = []
 
     def done() -> bool:
@@ -117,9 +117,8 @@ def test_usr1_warning_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm
     job_id = submit(sbatch_script(spec), cwd=str(REPO), env=slurm_cluster.env)
     wait_for("both ranks started", lambda: len(list(tmp_path.glob("started.*"))) == 2)
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job_id)
-    requeued = wait_job(slurm_cluster, job_id, ("PENDING",), timeout_s=20)
-    assert requeued.restarts == 1
-    final = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"), timeout_s=40)
+    wait_for("the requeue", lambda: job_info(slurm_cluster, job_id).restarts == 1)
+    final = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"))
     out = (tmp_path / "out.txt").read_text()
     assert final.state == "COMPLETED", out
     assert "requeueing job" in out
@@ -202,7 +201,7 @@ def test_node_down_and_resume_seen_by_watcher(slurm_cluster: LocalSlurm, tmp_pat
         wait_for("the watcher to see n3 back", lambda: any(
             e["type"] == "NodesGained" for e in events()))
         (tmp_path / "release").touch()
-        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"), timeout_s=40)
+        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"))
     finally:
         (tmp_path / "release").touch()
         slurm_cluster.resume_all()
@@ -227,3 +226,18 @@ def test_node_down_and_resume_seen_by_watcher(slurm_cluster: LocalSlurm, tmp_pat
     assert relaunched == ["relaunch 0 n1", "relaunch 1 n2"]
     done = sorted(ln for ln in out.splitlines() if ln.startswith("step1 done"))
     assert done == ["step1 done 0 n1", "step1 done 1 n2"]  # the survivors ran on (--no-kill)
+
+
+def test_cpu_template_runs_nereus_run(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """The committed slurm/cpu.sbatch itself, on the tiny CPU example (issue 7's "submit the
+    sbatch template and see the job finish"); skipped until `nereus run` is registered."""
+    from nereus.cli import COMMAND_MODULES
+
+    if "nereus.commands.run" not in COMMAND_MODULES:
+        pytest.skip("`nereus run` is not written yet (nereus.commands.run not registered)")
+    res = slurm_cluster.run(
+        "sbatch", "--parsable", f"--output={tmp_path}/out.txt", "--time=00:05:00",
+        str(REPO / "slurm" / "cpu.sbatch"), str(REPO / "examples" / "ppo-tiny-cpu.yaml"))
+    job_id = res.stdout.strip().split(";")[0]
+    info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED"), timeout_s=150)
+    assert info.state == "COMPLETED", (tmp_path / "out.txt").read_text()[-3000:]

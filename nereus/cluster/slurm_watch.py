@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import hostlist
-
 from nereus.errors import ConfigError, NereusError
 
 
@@ -32,6 +30,8 @@ def expand_nodes(nodelist: str) -> tuple[str, ...]:
     text = nodelist.strip()
     if not text or text == "(null)":
         return ()
+    import hostlist  # python-hostlist (the "slurm" extra), not the "hostlist" package
+
     try:
         return tuple(hostlist.expand_hostlist(text))
     except hostlist.BadHostlist as exc:
@@ -40,6 +40,8 @@ def expand_nodes(nodelist: str) -> tuple[str, ...]:
 
 def compress_nodes(nodes: Iterable[str]) -> str:
     """``("n1", "n2", "n3")`` -> ``"n[1-3]"``."""
+    import hostlist
+
     return str(hostlist.collect_hostlist(list(nodes)))
 
 
@@ -322,7 +324,11 @@ class SlurmWatcher:
         return diff_snapshots(old, new)
 
     def watch(self, interval_s: float, until: Callable[[], bool]) -> Iterator[Event]:
-        """Poll every ``interval_s`` seconds and yield events until ``until()`` is true."""
+        """Poll every ``interval_s`` seconds and yield events until ``until()`` is true.
+
+        Each poll is two slurmctld RPCs; on a shared production cluster poll every few seconds
+        at most and rely on srun's stderr for the fast path.
+        """
         while not until():
             yield from self.poll()
             time.sleep(interval_s)
