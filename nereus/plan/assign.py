@@ -91,17 +91,24 @@ def assign(setup: Setup, choice: Mapping[str, Candidate], pool: Sequence[int]) -
     free: dict[int, list[int]] = {}
     for g in sorted(pool):
         free.setdefault(g // gpn, []).append(g)
-    # 1. lane envelopes into nodes, largest block first, best fit, lowest node on ties.
-    blocks = [(size, li) for li, lane in enumerate(wf.lanes) for size in _lane_envelope(lane, choice, gpn)]
-    blocks.sort(key=lambda b: (-b[0], b[1]))
+    # 1. lane envelopes into nodes, largest block first, best fit, lowest node on ties; a
+    # single lane simply gets the whole pool.
     lane_gpus: list[dict[int, list[int]]] = [{} for _ in wf.lanes]
-    for size, li in blocks:
-        fits = [n for n, ids in free.items() if len(ids) >= size]
-        if not fits:
-            raise InfeasiblePlanError(f"placement: no node has {size} free GPUs for lane {li}")
-        node = min(fits, key=lambda n: (len(free[n]), n))
-        take, free[node] = free[node][:size], free[node][size:]
-        lane_gpus[li].setdefault(node, []).extend(take)
+    if len(wf.lanes) > 1:
+        groups: dict[tuple[int, int], int] = {}
+        for li, lane in enumerate(wf.lanes):
+            for size in _lane_envelope(lane, choice, gpn):
+                groups[(size, li)] = groups.get((size, li), 0) + 1
+        for (size, li), count in sorted(groups.items(), key=lambda g: (-g[0][0], g[0][1])):
+            while count > 0:
+                fits = [n for n, ids in free.items() if len(ids) >= size]
+                if not fits:
+                    raise InfeasiblePlanError(f"placement: no node has {size} free GPUs for lane {li}")
+                node = min(fits, key=lambda n: (len(free[n]), n))
+                k = min(count, len(free[node]) // size)
+                take, free[node] = free[node][: k * size], free[node][k * size :]
+                lane_gpus[li].setdefault(node, []).extend(take)
+                count -= k
     # GPUs no envelope needs go to the last lane: more room to spread replicas over nodes.
     for node, ids in free.items():
         if ids:
@@ -139,27 +146,37 @@ def placement_errors(setup: Setup, plan: ExecutionPlan, pool: Sequence[int]) -> 
     errors: list[str] = []
     if sorted(plan.names) != sorted(wf.names):
         errors.append(f"plan has model-stages {plan.names}, workflow {wf.names}")
+    gpu_sets: dict[str, set[int]] = {}
     for sp in plan.stages:
         if len(sp.replicas) != sp.dp:
             errors.append(f"{sp.name}: {len(sp.replicas)} replicas, dp={sp.dp}")
+        size = sp.tp * sp.pp
+        placed: set[int] = set()
+        count = 0
         for r, rep in enumerate(sp.replicas):
-            if len(rep) != sp.tp * sp.pp or len(set(rep)) != len(rep):
+            count += len(rep)
+            placed.update(rep)
+            nodes = [g // gpn for g in rep]
+            if len(rep) != size or len(set(rep)) != len(rep):
                 errors.append(f"{sp.name} replica {r}: {rep} is not tp·pp distinct GPUs")
-            if not set(rep) <= in_pool:
-                errors.append(f"{sp.name} replica {r}: GPUs {sorted(set(rep) - in_pool)} not in pool")
+            if size <= gpn:
+                if nodes.count(nodes[0]) != len(nodes):
+                    errors.append(f"{sp.name} replica {r}: fits a node but spans nodes")
+                continue
             for pp_rank in range(sp.pp):
-                group = rep[pp_rank * sp.tp : (pp_rank + 1) * sp.tp]
-                if len({g // gpn for g in group}) > 1:
+                group = nodes[pp_rank * sp.tp : (pp_rank + 1) * sp.tp]
+                if group.count(group[0]) != len(group):
                     errors.append(f"{sp.name} replica {r} pp_rank {pp_rank}: TP group spans nodes")
-            if sp.tp * sp.pp <= gpn and len({g // gpn for g in rep}) > 1:
-                errors.append(f"{sp.name} replica {r}: fits a node but spans nodes")
-        all_gpus = [g for rep in sp.replicas for g in rep]
-        if len(set(all_gpus)) != len(all_gpus):
+        if not placed <= in_pool:
+            errors.append(f"{sp.name}: GPUs {sorted(placed - in_pool)[:8]} not in the pool")
+        if len(placed) != count:
             errors.append(f"{sp.name}: replicas share GPUs")
-    for i, a in enumerate(plan.stages):
-        for b in plan.stages[i + 1 :]:
-            if wf.concurrent(a.name, b.name) and set(a.gpus) & set(b.gpus):
-                errors.append(f"{a.name} and {b.name} run concurrently on shared GPUs")
+        gpu_sets[sp.name] = placed
+    names = list(gpu_sets)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if wf.concurrent(a, b) and gpu_sets[a] & gpu_sets[b]:
+                errors.append(f"{a} and {b} run concurrently on shared GPUs")
     return errors
 
 

@@ -55,10 +55,16 @@ def pareto(points: list[Point]) -> list[Point]:
 
 
 def _stage_points(front: Sequence[Costed], levels: tuple[int, ...]) -> list[Point]:
-    pts: list[Point] = [
-        (c.latency_s, demand_of(c.block, c.num_gpus, levels), c.persistent_bytes, c.peak_bytes, (i,))
-        for i, c in enumerate(front)
-    ]
+    if len(levels) == 1:
+        pts: list[Point] = [
+            (c.latency_s, (c.num_gpus,), c.persistent_bytes, c.peak_bytes, (i,))
+            for i, c in enumerate(front)
+        ]
+    else:
+        pts = [
+            (c.latency_s, demand_of(c.block, c.num_gpus, levels), c.persistent_bytes, c.peak_bytes, (i,))
+            for i, c in enumerate(front)
+        ]
     pts.sort(key=lambda p: p[1])
     return pts
 
@@ -91,15 +97,29 @@ def phase_options(
 
 def _relaxed_min(stage_pts: Sequence[list[Point]], cap: tuple[int, ...]) -> float:
     """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound)."""
-    reduced: list[list[Point]] = []
+    reduced: list[list[tuple[float, tuple[int, ...]]]] = []
     for pts in stage_pts:
         fastest: dict[tuple[int, ...], float] = {}
         for p in pts:
-            if p[0] < fastest.get(p[1], float("inf")):
+            if p[0] < fastest.get(p[1], float("inf")) and _fits(p[1], cap):
                 fastest[p[1]] = p[0]
-        reduced.append(sorted(((lat, d, 0, 0, ()) for d, lat in fastest.items()), key=lambda p: p[1]))
-    opts = phase_options(reduced, cap, float("inf"))
-    return min((o[0] for o in opts), default=float("inf"))
+        reduced.append([(lat, d) for d, lat in fastest.items()])
+    best = float("inf")
+
+    def rec(k: int, lat: float, dem: tuple[int, ...]) -> None:
+        nonlocal best
+        if lat >= best:
+            return
+        if k == len(reduced):
+            best = lat
+            return
+        for l2, d2 in reduced[k]:
+            nd = tuple(a + b for a, b in zip(dem, d2, strict=True))
+            if _fits(nd, cap):
+                rec(k + 1, max(lat, l2), nd)
+
+    rec(0, 0.0, tuple(0 for _ in cap))
+    return best
 
 
 def solve_lane(

@@ -131,7 +131,10 @@ def build_problem(
             table = cache.pinned(setup, ms, calib, (int(tp), int(pp)))
         else:
             table = cache.table(setup, ms, calib)
-        front = tuple(c for c in table.front if _fits(c, levels, caps))
+        if len(levels) == 1:  # whole nodes only: the GPU count is the one constraint
+            front = tuple(c for c in table.front if c.num_gpus <= caps[0])
+        else:
+            front = tuple(c for c in table.front if _fits(c, levels, caps))
         spaces.append(StageSpace(ms.name, table, levels, caps, front))
     short = [s for s in spaces if not s.front]
     if short:

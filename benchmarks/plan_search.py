@@ -1,0 +1,123 @@
+"""Plan-search decision time, replanning memory and optimality gap (DESIGN.md §3, issue 2).
+
+Llama-3.1-8B PPO with 5 model-stages (actor-gen, ref-inf, critic-inf, actor-train,
+critic-train; rule-based reward), synchronous, global batch 512 prompts of 1,024 tokens with
+2,048 generated tokens, H200, 8 GPUs per node, at 32 … 1,024 GPUs. Per row:
+
+- ``ours_ms``: median wall time of ``search_plan(method="dp")`` for a replan after a change of
+  the GPU pool: the per-candidate cost tables of this job and calibration are cached (a
+  ``CostCache`` kept by the controller), everything else runs afresh on every call: restricting
+  the frontiers to the pool, the DP, node-aware assignment and the full per-GPU memory check.
+- ``cold_ms``: the same search after a new length signal (a different generated length on every
+  repeat, so neither our cache nor the cost model's memo tables hold anything for it): every
+  candidate of every model-stage is costed (memory, then latency if it fits).
+- ``peak_mb``: tracemalloc peak of one cold search (the larger of the two).
+- ``milp_ms``: the MILP reference (HiGHS via scipy) over every feasible candidate, with the same
+  warm cost tables, including building the model and the same assignment and check.
+- ``gap_pct``: (ours − reference) / reference · 100 against the exhaustive enumeration where it
+  finishes within its work limit, else against the MILP.
+
+    python benchmarks/plan_search.py [--json] [--repeats N] [--gpus 32,64,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import tracemalloc
+from typing import Any
+
+from nereus.cost.calibration import default_calibration
+from nereus.plan.candidates import CostCache
+from nereus.plan.exhaustive import SearchLimitError
+from nereus.plan.search import search_plan
+from nereus.spec.hardware import H200, ClusterSpec
+from nereus.spec.job import JobSpec, Setup
+from nereus.spec.model import LLAMA_3_1_8B
+
+GPU_COUNTS = (32, 64, 128, 256, 512, 1024)
+GPUS_PER_NODE = 8
+EXHAUSTIVE_LIMIT_S = 2.0  # work limit of the exhaustive reference (a visit count, no clock)
+MILP_LIMIT_S = 300.0
+
+
+def setup_for(gpus: int, gen_len: int = 2048) -> Setup:
+    job = JobSpec(
+        algorithm="ppo", mode="sync",
+        models=(("actor", LLAMA_3_1_8B), ("critic", LLAMA_3_1_8B), ("reference", LLAMA_3_1_8B)),
+        global_batch=512, prompt_len=1024, gen_len=gen_len, reward_model=False,
+    )
+    return Setup(job, ClusterSpec(gpus // GPUS_PER_NODE, GPUS_PER_NODE, H200))
+
+
+def _median_ms(fn: Any, repeats: int) -> float:
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
+    setup = setup_for(gpus)
+    calib = default_calibration()
+    cache = CostCache()
+    ours = search_plan(setup, calib, cache=cache)
+    ours_ms = _median_ms(lambda _: search_plan(setup, calib, cache=cache), repeats)
+    # A new generated length per repeat: no cost evaluation of an earlier call can be reused.
+    cold_ms = _median_ms(lambda i: search_plan(setup_for(gpus, 2049 + i), calib), cold_repeats)
+    tracemalloc.start()
+    search_plan(setup_for(gpus, 2048 + cold_repeats + 1), calib)
+    _, peak_bytes = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    start = time.perf_counter()
+    milp = search_plan(setup, calib, method="milp", time_limit_s=MILP_LIMIT_S, cache=cache)
+    milp_ms = (time.perf_counter() - start) * 1e3
+    ref, ref_name = milp.predicted_step_s, "milp"
+    try:
+        ex = search_plan(setup, calib, method="exhaustive", time_limit_s=EXHAUSTIVE_LIMIT_S, cache=cache)
+        ref, ref_name = ex.predicted_step_s, "exhaustive"
+    except SearchLimitError:
+        pass
+    plan = {sp.name: [sp.tp, sp.pp, sp.dp] for sp in ours.plan.stages}
+    return {
+        "gpus": gpus,
+        "ours_ms": ours_ms,
+        "cold_ms": cold_ms,
+        "milp_ms": milp_ms,
+        "gap_pct": (ours.predicted_step_s - ref) / ref * 100.0,
+        "gap_ref": ref_name,
+        "peak_mb": peak_bytes / 1e6,
+        "step_s": ours.predicted_step_s,
+        "milp_step_s": milp.predicted_step_s,
+        "candidates": ours.candidates_considered,
+        "plan_tp_pp_dp": plan,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--repeats", type=int, default=21, help="repeats of the warm search")
+    ap.add_argument("--cold-repeats", type=int, default=5, help="repeats of the cold search")
+    ap.add_argument("--gpus", default=",".join(map(str, GPU_COUNTS)), help="comma-separated")
+    args = ap.parse_args()
+    rows = [measure(int(g), args.repeats, args.cold_repeats) for g in args.gpus.split(",")]
+    if args.json:
+        print(json.dumps({"rows": rows}))
+        return 0
+    print("Llama-3.1-8B PPO (5 model-stages), H200, 8 GPUs/node; times are medians")
+    print(f"{'GPUs':>5} {'ours ms':>9} {'cold ms':>9} {'MILP ms':>9} {'MILP/ours':>10} "
+          f"{'gap %':>7} {'vs':>10} {'peak MB':>8} {'step s':>8} {'cands':>6}")
+    for r in rows:
+        print(f"{r['gpus']:>5} {r['ours_ms']:>9.2f} {r['cold_ms']:>9.1f} {r['milp_ms']:>9.1f} "
+              f"{r['milp_ms'] / r['ours_ms']:>9.0f}x {r['gap_pct']:>7.3f} {r['gap_ref']:>10} "
+              f"{r['peak_mb']:>8.1f} {r['step_s']:>8.3f} {r['candidates']:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
