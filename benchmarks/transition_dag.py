@@ -105,16 +105,17 @@ def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int) -> list[di
         cluster = ClusterSpec(n // GPN, GPN, H200)
         src = emus_of_plan(_block_plan(n, PLAN_CUR), STATES)
         dst = emus_of_plan(_block_plan(n, PLAN_TGT), STATES)
-        times = []
+        parts: list[tuple[float, float, float]] = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP)
+            t1 = time.perf_counter()
             validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
+            t2 = time.perf_counter()
             cost_s = transition_cost_s(dag, cluster)
-            times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP)
-        compile_ms = (time.perf_counter() - t0) * 1e3
+            parts.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        total = statistics.median(sum(p) for p in parts) * 1e3
+        comp, val, cst = (statistics.median(p[k] for p in parts) * 1e3 for k in range(3))
         dur = durations_s(dag, cluster)
         ours = simulate(dag, dur, capacity_bytes=CAP).makespan_s
         t0 = time.perf_counter()
@@ -124,8 +125,8 @@ def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int) -> list[di
             else None
         rows.append({
             "gpus": n, "primitives": len(dag.primitives), "resource_edges": len(dag.resource_edges),
-            "ours_ms": round(statistics.median(times) * 1e3, 3),
-            "compile_ms": round(compile_ms, 3),
+            "ours_ms": round(total, 3),
+            "compile_ms": round(comp, 3), "validate_ms": round(val, 3), "cost_ms": round(cst, 3),
             "exact_ms": round(exact_ms, 1), "exact_optimal": ex.optimal,
             "cost_s": round(cost_s, 4), "ours_makespan_s": round(ours, 4),
             "exact_makespan_s": None if gap is None else round(ex.makespan_s, 4),
@@ -195,10 +196,12 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>9} {'exact ms':>10} {'opt':>4} "
-          f"{'L_tran s':>9} {'ours s':>8} {'exact s':>8} {'gap %':>6}")
+    print(f"{'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>9} {'(c/v/cost)':>20} "
+          f"{'exact ms':>10} {'opt':>4} {'L_tran s':>9} {'ours s':>8} {'exact s':>8} {'gap %':>6}")
     for r in planning:
+        split = f"{r['compile_ms']}/{r['validate_ms']}/{r['cost_ms']}"
         print(f"{r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} {r['ours_ms']:>9} "
+              f"{split:>20} "
               f"{r['exact_ms']:>10} {r['exact_optimal']!s:>4} {r['cost_s']:>9} "
               f"{r['ours_makespan_s']:>8} {r['exact_makespan_s']!s:>8} {r['gap_pct']!s:>6}")
     print()
