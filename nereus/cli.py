@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "nereus.commands.plan",
     "nereus.commands.config_check",
     "nereus.commands.inventory",
+    "nereus.commands.report",
 )
 
 

@@ -1,0 +1,229 @@
+"""The run-log schema as plain data: file attributes, tables, columns, dtypes and units.
+
+One HDF5 file per run segment. Every table is a 1-D resizable chunked dataset of a compound
+dtype, so that a row is appended (and becomes visible to a SWMR reader) as one unit. Variable-size
+values (plans, DAGs, candidates, details) are JSON, stored as bytes in the shared ``/json_heap``
+uint8 dataset and referenced from a row by a ``<name>_off`` (uint64) / ``<name>_len`` (uint32)
+column pair: HDF5 does not support variable-length types under SWMR, plain chunked appends it
+does. docs/log_schema.md describes every column; this module is its source of truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT_NAME = "nereus-run-log"
+SCHEMA_VERSION = 1
+
+# Root attributes.
+ATTR_FORMAT = "nereus_log_format"  # == FORMAT_NAME
+ATTR_VERSION = "nereus_log_version"  # == SCHEMA_VERSION
+ATTR_CREATED = "created_unix_s"
+ATTR_NEREUS_VERSION = "nereus_version"
+
+# Group /run: attributes only (written before SWMR starts, never changed afterwards).
+RUN_GROUP = "run"
+ATTR_META_JSON = "meta_json"
+ATTR_CONFIG_JSON = "config_json"
+ATTR_INITIAL_PLAN_JSON = "initial_plan_json"  # "null" when not given
+
+HEAP = "json_heap"  # uint8, the bytes of every JSON value, UTF-8
+HEAP_CHUNK_BYTES = 65536
+
+# Every row has committed = 1; the fill value 0 marks a row whose extent reached the file but whose
+# data did not (a writer killed between a resize and its flush). Readers drop such rows at a tail.
+COMMITTED = "committed"
+
+# Identifier columns are fixed-length ASCII strings of this many bytes.
+NAME_BYTES = 32
+
+ADMISSION_PATHS = ("urgent", "opportunistic")
+
+# Event kinds the runtime and the writer emit; others are allowed if they are short identifiers.
+KNOWN_EVENT_KINDS = (
+    "run-start",
+    "run-end",
+    "gpu-pool-change",
+    "node-failure",
+    "oom",
+    "checkpoint",
+    "restart",
+    "preemption-warning",
+)
+RUN_END = "run-end"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: ``kind`` is ``i8 i4 u1 f8 bool name json``; ``json`` is two fields."""
+
+    name: str
+    kind: str
+    unit: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    chunk_rows: int
+    meaning: str
+    columns: tuple[Column, ...]
+
+    @property
+    def json_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.kind == "json")
+
+
+_STEP = Column("step", "i8", "", "RL step index (0-based) the record belongs to")
+
+TABLES: tuple[Table, ...] = (
+    Table(
+        "steps",
+        256,
+        "one row per finished RL step, appended before the per-step flush",
+        (
+            _STEP,
+            Column("wall_time_s", "f8", "s since the Unix epoch", "wall-clock time at step end"),
+            Column("step_s", "f8", "s", "step latency, excluding any transition after the step"),
+            Column("gen_len_mean", "f8", "tokens", "mean generated length"),
+            Column("gen_len_p95", "f8", "tokens", "95th percentile generated length"),
+            Column("pool_gpus", "i4", "GPUs", "size of the GPU pool during the step"),
+            Column("reward", "f8", "", "mean reward (NaN when unknown)"),
+            Column("tokens", "i8", "tokens", "tokens generated in the step"),
+            Column(
+                "plan_version",
+                "i4",
+                "",
+                "plan in force: 0 = initial plan, k = plan of the k-th transition",
+            ),
+            Column("stage_s", "json", "s", "object: model-stage name -> measured seconds"),
+        ),
+    ),
+    Table(
+        "gpu_memory",
+        1024,
+        "peak memory per GPU per step (one row per GPU and step)",
+        (
+            _STEP,
+            Column("global_gpu", "i4", "", "global GPU id = node * gpus_per_node + local id"),
+            Column("peak_bytes", "i8", "bytes", "peak allocated memory in the step"),
+        ),
+    ),
+    Table(
+        "calibration_samples",
+        512,
+        "measured op-level samples that calibration consumes",
+        (
+            _STEP,
+            Column("hardware", "name", "", "hardware preset name (e.g. h200)"),
+            Column(
+                "op_class", "name", "", "operation class (gemm, attention, allreduce-intra, ...)"
+            ),
+            Column("ideal_s", "f8", "s", "roofline time at 100% efficiency"),
+            Column("measured_s", "f8", "s", "measured time"),
+        ),
+    ),
+    Table(
+        "efficiencies",
+        256,
+        "calibrated efficiency per (hardware, op class) after an update",
+        (
+            _STEP,
+            Column("hardware", "name", "", "hardware preset name"),
+            Column("op_class", "name", "", "operation class"),
+            Column("efficiency", "f8", "fraction", "ideal_s / measured_s estimate, in (0, 1]"),
+        ),
+    ),
+    Table(
+        "replans",
+        64,
+        "one row per replan the controller ran",
+        (
+            _STEP,
+            Column("trigger", "name", "", "what fired: gpu-pool-change, memory, drift-length, ..."),
+            Column("candidates", "json", "", "candidate plans considered (list)"),
+            Column("predicted_s", "json", "s", "predicted step latency per candidate"),
+            Column(
+                "predicted_memory_bytes", "json", "bytes", "predicted peak memory per candidate"
+            ),
+        ),
+    ),
+    Table(
+        "admissions",
+        64,
+        "one row per admission decision",
+        (
+            _STEP,
+            Column("admitted", "bool", "", "whether the new plan was admitted"),
+            Column("path", "name", "", "urgent or opportunistic"),
+            Column("reason", "json", "", "why (a JSON string or object)"),
+            Column("delta_l_s", "f8", "s", "predicted per-step latency gain L_cur - L_new"),
+            Column("transition_s", "f8", "s", "predicted transition time"),
+            Column("horizon_steps", "f8", "steps", "H_x, expected steps until the next crossing"),
+        ),
+    ),
+    Table(
+        "transitions",
+        64,
+        "one row per executed transition; the new plan is in force from step + 1",
+        (
+            _STEP,
+            Column("transfer_bytes", "i8", "bytes", "bytes moved between GPUs"),
+            Column("predicted_s", "f8", "s", "predicted transition time"),
+            Column("measured_s", "f8", "s", "measured transition time"),
+            Column("dag", "json", "", "the transition DAG (nodes and edges)"),
+            Column("primitives", "json", "", "primitives executed (list)"),
+            Column("plan", "json", "", "the plan in force after the transition (or null)"),
+        ),
+    ),
+    Table(
+        "events",
+        64,
+        "runtime events: run-start, run-end, gpu-pool-change, node-failure, oom, ...",
+        (
+            _STEP,
+            Column("time_s", "f8", "s since the Unix epoch", "wall-clock time of the event"),
+            Column("kind", "name", "", "event kind"),
+            Column("detail", "json", "", "event details (object)"),
+        ),
+    ),
+)
+
+TABLE_BY_NAME = {t.name: t for t in TABLES}
+
+
+def field_names(table: Table) -> tuple[str, ...]:
+    """The compound-dtype field names of a table, in order (json columns as _off/_len pairs)."""
+    names: list[str] = []
+    for c in table.columns:
+        if c.kind == "json":
+            names += [f"{c.name}_off", f"{c.name}_len"]
+        else:
+            names.append(c.name)
+    names.append(COMMITTED)
+    return tuple(names)
+
+
+_NUMPY_KIND = {
+    "i8": "<i8",
+    "i4": "<i4",
+    "u1": "u1",
+    "f8": "<f8",
+    "bool": "?",
+    "name": f"S{NAME_BYTES}",
+}
+
+
+def compound_dtype(table: Table) -> np.dtype:
+    """The numpy compound dtype of one table row (h5py maps bool to an HDF5 enum FALSE/TRUE)."""
+    fields: list[tuple[str, str]] = []
+    for c in table.columns:
+        if c.kind == "json":
+            fields += [(f"{c.name}_off", "<u8"), (f"{c.name}_len", "<u4")]
+        else:
+            fields.append((c.name, _NUMPY_KIND[c.kind]))
+    fields.append((COMMITTED, "u1"))
+    return np.dtype(fields)

@@ -1,0 +1,340 @@
+"""Append-only, crash-safe HDF5 run log (h5py, SWMR).
+
+Records are buffered in memory by the ``log_*`` methods and written by :meth:`RunLogWriter.flush`
+(which ``log_step`` calls by default, so every finished step is on disk before the next starts):
+JSON bytes first, then the table rows, then an HDF5 flush. A reader opening the file with
+``swmr=True`` — while it is written, or after the writer was killed — sees every flushed row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import h5py
+import numpy as np
+
+from nereus import __version__
+from nereus.errors import ConfigError
+from nereus.log import schema as S
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON-serializable: {type(obj).__name__}")
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON as Python's json writes it (NaN and Infinity allowed)."""
+    return json.dumps(value, separators=(",", ":"), default=_json_default).encode("utf-8")
+
+
+def _name(field: str, value: str) -> bytes:
+    text = str(value)
+    if not (0 < len(text) <= S.NAME_BYTES and text.isascii()):
+        raise ConfigError(field, value, f"must be 1..{S.NAME_BYTES} ASCII characters")
+    return text.encode("ascii")
+
+
+class RunLogWriter:
+    """One run segment's log file. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        run_meta: Mapping[str, Any],
+        config: Mapping[str, Any],
+        *,
+        initial_plan: Any = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise ConfigError(
+                "log path",
+                str(self.path),
+                "exists; a run log is never overwritten — pick a new file",
+            )
+        meta_json = encode_json(dict(run_meta))
+        config_json = encode_json(dict(config))
+        plan_json = encode_json(initial_plan)
+        try:
+            self._file = h5py.File(self.path, "w" if overwrite else "x", libver=("v110", "v110"))
+        except (OSError, FileExistsError) as exc:
+            raise ConfigError("log path", str(self.path), f"cannot create: {exc}") from None
+        try:
+            f = self._file
+            f.attrs[S.ATTR_FORMAT] = np.bytes_(S.FORMAT_NAME)
+            f.attrs[S.ATTR_VERSION] = np.int64(S.SCHEMA_VERSION)
+            f.attrs[S.ATTR_CREATED] = np.float64(time.time())
+            f.attrs[S.ATTR_NEREUS_VERSION] = np.bytes_(__version__)
+            run = f.create_group(S.RUN_GROUP)
+            run.attrs[S.ATTR_META_JSON] = np.bytes_(meta_json)
+            run.attrs[S.ATTR_CONFIG_JSON] = np.bytes_(config_json)
+            run.attrs[S.ATTR_INITIAL_PLAN_JSON] = np.bytes_(plan_json)
+            self._heap = f.create_dataset(
+                S.HEAP, shape=(0,), maxshape=(None,), dtype="u1", chunks=(S.HEAP_CHUNK_BYTES,)
+            )
+            self._tables: dict[str, h5py.Dataset] = {}
+            for table in S.TABLES:
+                self._tables[table.name] = f.create_dataset(
+                    table.name,
+                    shape=(0,),
+                    maxshape=(None,),
+                    dtype=S.compound_dtype(table),
+                    chunks=(table.chunk_rows,),
+                )
+            f.swmr_mode = True
+        except BaseException:
+            self._file.close()
+            self.path.unlink(missing_ok=True)
+            raise
+        self._heap_len = 0
+        self._pending_heap: list[bytes] = []
+        self._pending_rows: dict[str, list[tuple[Any, ...]]] = {t.name: [] for t in S.TABLES}
+        self._transition_steps: list[int] = []
+        self._last_step = -1
+        self._closed = False
+        self.log_event(-1, "run-start", {"pid": os.getpid()})
+        self.flush()
+
+    # -- buffering ----------------------------------------------------------------------------
+
+    def _blob(self, value: Any) -> tuple[int, int]:
+        raw = encode_json(value)
+        off = self._heap_len + sum(len(b) for b in self._pending_heap)
+        self._pending_heap.append(raw)
+        return off, len(raw)
+
+    def _row(self, table: str, values: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise ConfigError("run log", str(self.path), "is closed")
+        row: list[Any] = []
+        for c in S.TABLE_BY_NAME[table].columns:
+            v = values[c.name]
+            if c.kind == "json":
+                row += list(self._blob(v))
+            elif c.kind == "name":
+                row.append(_name(c.name, v))
+            elif c.kind == "f8":
+                row.append(float(v))
+            elif c.kind == "bool":
+                row.append(bool(v))
+            else:
+                row.append(int(v))
+        row.append(1)  # committed
+        self._pending_rows[table].append(tuple(row))
+
+    # -- records ------------------------------------------------------------------------------
+
+    def log_step(
+        self,
+        step: int,
+        *,
+        step_s: float,
+        gen_len_mean: float = math.nan,
+        gen_len_p95: float = math.nan,
+        pool_gpus: int = 0,
+        stage_s: Mapping[str, float] | None = None,
+        peak_memory_bytes: Mapping[int, int] | Sequence[int] | None = None,
+        reward: float = math.nan,
+        tokens: int = 0,
+        wall_time_s: float | None = None,
+        flush: bool = True,
+    ) -> None:
+        """One finished step. ``peak_memory_bytes``: global GPU id -> bytes (a sequence: ids 0..).
+
+        Flushes the file (``flush=True``) so that a crash later loses nothing of this step.
+        """
+        plan_version = sum(1 for t in self._transition_steps if t < step)
+        self._row(
+            "steps",
+            {
+                "step": step,
+                "wall_time_s": time.time() if wall_time_s is None else wall_time_s,
+                "step_s": step_s,
+                "gen_len_mean": gen_len_mean,
+                "gen_len_p95": gen_len_p95,
+                "pool_gpus": pool_gpus,
+                "reward": reward,
+                "tokens": tokens,
+                "plan_version": plan_version,
+                "stage_s": {str(k): float(v) for k, v in (stage_s or {}).items()},
+            },
+        )
+        if peak_memory_bytes is not None:
+            items = (
+                peak_memory_bytes.items()
+                if isinstance(peak_memory_bytes, Mapping)
+                else enumerate(peak_memory_bytes)
+            )
+            for gpu, nbytes in items:
+                self._row("gpu_memory", {"step": step, "global_gpu": gpu, "peak_bytes": nbytes})
+        self._last_step = max(self._last_step, int(step))
+        if flush:
+            self.flush()
+
+    def log_calibration_sample(
+        self, step: int, hardware: str, op_class: str, ideal_s: float, measured_s: float
+    ) -> None:
+        self._row(
+            "calibration_samples",
+            {
+                "step": step,
+                "hardware": hardware,
+                "op_class": op_class,
+                "ideal_s": ideal_s,
+                "measured_s": measured_s,
+            },
+        )
+
+    def log_efficiency(self, step: int, hardware: str, op_class: str, efficiency: float) -> None:
+        self._row(
+            "efficiencies",
+            {"step": step, "hardware": hardware, "op_class": op_class, "efficiency": efficiency},
+        )
+
+    def log_replan(
+        self,
+        step: int,
+        trigger: str,
+        candidates: Any,
+        predicted_s: Any,
+        predicted_memory_bytes: Any,
+    ) -> None:
+        self._row(
+            "replans",
+            {
+                "step": step,
+                "trigger": trigger,
+                "candidates": candidates,
+                "predicted_s": predicted_s,
+                "predicted_memory_bytes": predicted_memory_bytes,
+            },
+        )
+
+    def log_admission(
+        self,
+        step: int,
+        admitted: bool,
+        path: str,
+        reason: Any,
+        delta_l_s: float,
+        transition_s: float,
+        horizon_steps: float,
+    ) -> None:
+        if path not in S.ADMISSION_PATHS:
+            raise ConfigError("admission path", path, f"must be one of {S.ADMISSION_PATHS}")
+        self._row(
+            "admissions",
+            {
+                "step": step,
+                "admitted": admitted,
+                "path": path,
+                "reason": reason,
+                "delta_l_s": delta_l_s,
+                "transition_s": transition_s,
+                "horizon_steps": horizon_steps,
+            },
+        )
+
+    def log_transition(
+        self,
+        step: int,
+        dag: Any,
+        primitives: Any,
+        transfer_bytes: int,
+        predicted_s: float,
+        measured_s: float,
+        plan: Any = None,
+    ) -> None:
+        """A transition executed after ``step``; ``plan`` (the new plan) is in force from step+1."""
+        self._row(
+            "transitions",
+            {
+                "step": step,
+                "transfer_bytes": transfer_bytes,
+                "predicted_s": predicted_s,
+                "measured_s": measured_s,
+                "dag": dag,
+                "primitives": primitives,
+                "plan": plan,
+            },
+        )
+        self._transition_steps.append(int(step))
+
+    def log_event(
+        self, step: int, kind: str, detail: Any = None, time_s: float | None = None
+    ) -> None:
+        self._row(
+            "events",
+            {
+                "step": step,
+                "time_s": time.time() if time_s is None else time_s,
+                "kind": kind,
+                "detail": {} if detail is None else detail,
+            },
+        )
+
+    # -- durability ---------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write every buffered record and flush the file: it then survives a kill -9."""
+        if self._closed:
+            return
+        if self._pending_heap:
+            raw = np.frombuffer(b"".join(self._pending_heap), dtype="u1")
+            end = self._heap_len + raw.size
+            self._heap.resize((end,))
+            self._heap[self._heap_len : end] = raw
+            self._heap_len = end
+            self._pending_heap.clear()
+        for name, rows in self._pending_rows.items():
+            if not rows:
+                continue
+            ds = self._tables[name]
+            start = ds.shape[0]
+            ds.resize((start + len(rows),))
+            ds[start:] = np.array(rows, dtype=ds.dtype)
+            rows.clear()
+        self._file.flush()
+
+    def close(self, *, clean: bool = True, error: str = "") -> None:
+        """Flush, append a ``run-end`` event and close. Idempotent."""
+        if self._closed:
+            return
+        detail: dict[str, Any] = {"clean": clean}
+        if error:
+            detail["error"] = error
+        self.log_event(self._last_step, S.RUN_END, detail)
+        self.flush()
+        self._closed = True
+        self._file.close()
+
+    def __enter__(self) -> RunLogWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.close(clean=False, error=f"{exc_type.__name__}: {exc}")
