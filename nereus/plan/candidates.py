@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nereus.cost.calibration import Calibration
 from nereus.cost.latency import StageLatency, stage_latency
@@ -178,6 +178,28 @@ class StageTable:
     front: tuple[Costed, ...]  # by (latency, ...)
     sizes: tuple[int, ...]  # GPUs of every enumerated candidate, sorted
     peaks: tuple[tuple[int, int], ...]  # (GPUs, peak bytes) of every enumerated candidate
+    # Pool-independent views of ``front`` for pools of whole nodes (the GPU count is the only
+    # constraint there): DP points ``(latency, (GPUs,), persistent, peak, (front index,))`` by
+    # GPUs, and the fastest latency per GPU count.
+    by_gpus: tuple[tuple[float, tuple[int, ...], int, int, tuple[int, ...]], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    by_gpus_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    fastest: tuple[tuple[int, float], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pts = sorted(
+            ((c.latency_s, (c.num_gpus,), c.persistent_bytes, c.peak_bytes, (i,))
+             for i, c in enumerate(self.front)),
+            key=lambda p: p[1],
+        )
+        fastest: dict[int, float] = {}
+        for p in pts:
+            g = p[1][0]
+            fastest[g] = min(fastest.get(g, p[0]), p[0])
+        object.__setattr__(self, "by_gpus", tuple(pts))
+        object.__setattr__(self, "by_gpus_sizes", tuple(p[1][0] for p in pts))
+        object.__setattr__(self, "fastest", tuple(sorted(fastest.items())))
 
     def enumerated(self, pool_size: int) -> int:
         return bisect_right(self.sizes, pool_size)

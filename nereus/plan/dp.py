@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
-from nereus.plan.candidates import Costed, demand_of
+from nereus.plan.candidates import Costed, StageTable, demand_of
 from nereus.plan.problem import Problem
 
 # (latency_s, demand, x, y, picks): x, y are (P, PT) for options and (Σ P, max excess) for states.
@@ -54,17 +54,15 @@ def pareto(points: list[Point]) -> list[Point]:
     return [p for p in points if front.add(p[1], p[2], p[3])]
 
 
-def _stage_points(front: Sequence[Costed], levels: tuple[int, ...]) -> list[Point]:
+def _stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> list[Point]:
+    """DP points of the frontier candidates that fit the pool, by GPUs (front indices)."""
     if len(levels) == 1:
-        pts: list[Point] = [
-            (c.latency_s, (c.num_gpus,), c.persistent_bytes, c.peak_bytes, (i,))
-            for i, c in enumerate(front)
-        ]
-    else:
-        pts = [
-            (c.latency_s, demand_of(c.block, c.num_gpus, levels), c.persistent_bytes, c.peak_bytes, (i,))
-            for i, c in enumerate(front)
-        ]
+        return list(table.by_gpus[: bisect_right(table.by_gpus_sizes, caps[0])])
+    pts: list[Point] = []
+    for i, c in enumerate(table.front):
+        d = demand_of(c.block, c.num_gpus, levels)
+        if _fits(d, caps):
+            pts.append((c.latency_s, d, c.persistent_bytes, c.peak_bytes, (i,)))
     pts.sort(key=lambda p: p[1])
     return pts
 
@@ -95,15 +93,17 @@ def phase_options(
     return partial
 
 
-def _relaxed_min(stage_pts: Sequence[list[Point]], cap: tuple[int, ...]) -> float:
+def _fastest(pts: list[Point], cap: tuple[int, ...]) -> list[tuple[float, tuple[int, ...]]]:
+    """The fastest latency per demand vector among ``pts`` that fit ``cap``."""
+    fastest: dict[tuple[int, ...], float] = {}
+    for p in pts:
+        if p[0] < fastest.get(p[1], float("inf")) and _fits(p[1], cap):
+            fastest[p[1]] = p[0]
+    return [(lat, d) for d, lat in fastest.items()]
+
+
+def _relaxed_min(reduced: Sequence[list[tuple[float, tuple[int, ...]]]], cap: tuple[int, ...]) -> float:
     """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound)."""
-    reduced: list[list[tuple[float, tuple[int, ...]]]] = []
-    for pts in stage_pts:
-        fastest: dict[tuple[int, ...], float] = {}
-        for p in pts:
-            if p[0] < fastest.get(p[1], float("inf")) and _fits(p[1], cap):
-                fastest[p[1]] = p[0]
-        reduced.append([(lat, d) for d, lat in fastest.items()])
     best = float("inf")
 
     def rec(k: int, lat: float, dem: tuple[int, ...]) -> None:
@@ -182,12 +182,19 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
     and finally no cap.
     """
     wf = problem.workflow
-    fronts = {s.name: s.front for s in problem.spaces}
-    pts = {n: _stage_points(f, problem.levels) for n, f in fronts.items()}
+    fronts = {s.name: s.table.front for s in problem.spaces}
     cap = problem.caps
+    pts = {s.name: _stage_points(s.table, problem.levels, cap) for s in problem.spaces}
     lanes = wf.lanes
-    lbs = [[_relaxed_min([pts[n] for n in phase], cap) for phase in lane] for lane in lanes]
-    lane_lb = [sum(lb) for lb in lanes_lbs] if (lanes_lbs := lbs) else []
+    fast: dict[str, list[tuple[float, tuple[int, ...]]]]
+    if len(problem.levels) == 1:
+        fast = {
+            s.name: [(lat, (g,)) for g, lat in s.table.fastest if g <= cap[0]] for s in problem.spaces
+        }
+    else:
+        fast = {n: _fastest(p, cap) for n, p in pts.items()}
+    lbs = [[_relaxed_min([fast[n] for n in phase], cap) for phase in lane] for lane in lanes]
+    lane_lb = [sum(lb) for lb in lbs]
     floor_s = max(lane_lb, default=0.0)
     if floor_s == float("inf"):
         return None
