@@ -182,6 +182,50 @@ class LocalSlurm:
                 found.append(int(entry.name))
         return found
 
+    def node_pids(self, node: str) -> list[int]:
+        """Every process of emulated node ``node``: its slurmd, the slurmstepd of its steps
+        (they hold files in its spool directory) and its tasks (SLURMD_NODENAME)."""
+        spool = str(self.root / "spool" / node)
+        marker = f"SLURMD_NODENAME={node}".encode()
+        found = []
+        slurmd = self.procs.get(f"slurmd-{node}")
+        if slurmd is not None and slurmd.poll() is None:
+            found.append(slurmd.pid)
+        for pid in self.stray_pids():
+            if pid in found:
+                continue
+            proc = Path("/proc", str(pid))
+            try:
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+                cwd = os.readlink(proc / "cwd")
+            except OSError:
+                continue
+            if marker in environ or cwd.startswith(spool) or any(f.startswith(spool) for f in fds):
+                found.append(pid)
+        return found
+
+    def kill_node(self, node: str) -> list[int]:
+        """SIGKILL every process of ``node`` (a node crash); returns the pids killed."""
+        pids = self.node_pids(node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        slurmd = self.procs.get(f"slurmd-{node}")
+        if slurmd is not None:
+            slurmd.wait(timeout=10)
+        return pids
+
+    def start_slurmd(self, node: str) -> None:
+        """(Re)start the slurmd of ``node`` (after kill_node: the node boots again)."""
+        proc = self.procs.get(f"slurmd-{node}")
+        if proc is not None and proc.poll() is None:
+            return
+        log = open(self.root / "log" / f"slurmd-{node}.out.log", "ab")  # noqa: SIM115
+        self.procs[f"slurmd-{node}"] = subprocess.Popen(
+            [_exe("slurmd"), "-D", "-f", str(self.conf_path), "-N", node], env=self.env,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
     def stop(self) -> None:
         # slurmd first, then slurmctld, then munged: each by the pid we started.
         order = [n for n in self.procs if n.startswith("slurmd")] + ["slurmctld", "munged"]

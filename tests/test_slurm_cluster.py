@@ -24,7 +24,16 @@ from launchers.commands import LaunchSpec
 from launchers.sbatch import SbatchSpec, sbatch_script, submit
 from launchers.submitit_entry import NereusEntry, submitit_parameters
 from nereus.cluster.env import JobEnvironment
-from nereus.cluster.slurm_watch import JobInfo, parse_job_record
+from nereus.cluster.slurm_watch import (
+    Event,
+    JobInfo,
+    NodesGained,
+    NodesLost,
+    PoolChanged,
+    SlurmWatcher,
+    make_subprocess_runner,
+    parse_job_record,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +65,17 @@ def wait_job(cluster: LocalSlurm, job_id: str, states: tuple[str, ...],
         raise AssertionError(f"job {job_id}: {found[-1] if found else None}\n"
                              f"{cluster.log_tail()}") from None
     return found[-1]
+
+
+def poll_until(watcher: SlurmWatcher, kind: type, timeout_s: float = 60.0) -> list[Event]:
+    """Poll every 0.5 s until an event of ``kind`` arrives; all events seen until then."""
+    events: list[Event] = []
+    deadline = time.monotonic() + timeout_s
+    while not any(isinstance(e, kind) for e in events):
+        assert time.monotonic() < deadline, f"no {kind.__name__} within {timeout_s} s: {events}"
+        time.sleep(0.5)
+        events += watcher.poll()
+    return events
 
 
 def test_builder_script_runs_inventory_on_two_nodes(slurm_cluster: LocalSlurm,
@@ -227,6 +247,40 @@ def test_node_down_and_resume_seen_by_watcher(slurm_cluster: LocalSlurm, tmp_pat
     done = sorted(ln for ln in out.splitlines() if ln.startswith("step1 done"))
     assert done == ["step1 done 0 n1", "step1 done 1 n2"]  # the survivors ran on (--no-kill)
 
+
+def test_node_crash_seen_by_watcher_and_srun(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """All processes of n3 killed (slurmd, slurmstepd, tasks): srun reports its task killed at
+    once; after SlurmdTimeout (10 s) n3 is not responding -> NodesLost, while the job's NodeList
+    still names it; its slurmd restarted -> NodesGained(in_allocation=True)."""
+    code = ("import os, time; print('up', os.environ['SLURM_PROCID'], flush=True); "
+            "time.sleep(60)")
+    spec = SbatchSpec(job_name="crash", nodes=3, ntasks_per_node=1,
+                      output=str(tmp_path / "out.txt"),
+                      launch=LaunchSpec(argv=(sys.executable, "-c", code), cpu_bind=None))
+    job_id = submit(sbatch_script(spec), cwd=str(REPO), env=slurm_cluster.env)
+    out = tmp_path / "out.txt"
+    watcher = SlurmWatcher(job_id, runner=make_subprocess_runner(env=slurm_cluster.env))
+    try:
+        wait_for("three ranks up", lambda: out.exists() and out.read_text().count("up ") == 3)
+        assert watcher.poll() == (PoolChanged(("n1", "n2", "n3")),)
+        killed_at = time.monotonic()
+        assert len(slurm_cluster.kill_node("n3")) >= 2  # slurmd and at least the task
+        wait_for("srun to report the task", lambda: "n3: task 2: Killed" in out.read_text())
+        events = poll_until(watcher, NodesLost)
+        lost_after_s = time.monotonic() - killed_at
+        lost = next(e for e in events if isinstance(e, NodesLost))
+        assert lost.nodes == ("n3",) and "not_responding" in lost.reason
+        assert 5.0 < lost_after_s < 40.0  # SlurmdTimeout=10 s, pinged in between
+        assert PoolChanged(("n1", "n2")) in events
+        assert "n3" in job_info(slurm_cluster, job_id).nodes  # still allocated to the job
+        slurm_cluster.start_slurmd("n3")
+        events = poll_until(watcher, NodesGained)
+        assert NodesGained(("n3",), in_allocation=True) in events
+    finally:
+        slurm_cluster.start_slurmd("n3")
+        slurm_cluster.run("scancel", job_id, check=False)
+        slurm_cluster.resume_all()
+        slurm_cluster.wait_idle(3, timeout_s=60)
 
 def test_cpu_template_runs_nereus_run(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """The committed slurm/cpu.sbatch itself, on the tiny CPU example (issue 7's "submit the
