@@ -178,27 +178,27 @@ class StageTable:
     front: tuple[Costed, ...]  # by (latency, ...)
     sizes: tuple[int, ...]  # GPUs of every enumerated candidate, sorted
     peaks: tuple[tuple[int, int], ...]  # (GPUs, peak bytes) of every enumerated candidate
-    # Pool-independent views of ``front`` for pools of whole nodes (the GPU count is the only
-    # constraint there): DP points ``(latency, (GPUs,), persistent, peak, (front index,))`` by
+    # Pool-independent views of ``front`` for pools of whole nodes (the GPU count is the only ``(latency, (GPUs,), persistent, peak, (front index,))`` by
     # GPUs, and the fastest latency per GPU count.
-    by_gpus: tuple[tuple[float, tuple[int, ...], int, int, tuple[int, ...]], ...] = field(
+    # constraint there): DP points ``(latency, (GPUs,), persistent, peak, (front index,))`` in
+    # front order (by latency), the sorted GPU counts, and the fastest latency per GPU count.
+    points: tuple[tuple[float, tuple[int, ...], int, int, tuple[int, ...]], ...] = field(
         init=False, repr=False, compare=False
     )
-    by_gpus_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    gpu_counts: tuple[int, ...] = field(init=False, repr=False, compare=False)
     fastest: tuple[tuple[int, float], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        pts = sorted(
-            ((c.latency_s, (c.num_gpus,), c.persistent_bytes, c.peak_bytes, (i,))
-             for i, c in enumerate(self.front)),
-            key=lambda p: p[1],
+        pts = tuple(
+            (c.latency_s, (c.num_gpus,), c.persistent_bytes, c.peak_bytes, (i,))
+            for i, c in enumerate(self.front)
         )
         fastest: dict[int, float] = {}
         for p in pts:
             g = p[1][0]
             fastest[g] = min(fastest.get(g, p[0]), p[0])
-        object.__setattr__(self, "by_gpus", tuple(pts))
-        object.__setattr__(self, "by_gpus_sizes", tuple(p[1][0] for p in pts))
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "gpu_counts", tuple(sorted(c.num_gpus for c in self.front)))
         object.__setattr__(self, "fastest", tuple(sorted(fastest.items())))
 
     def enumerated(self, pool_size: int) -> int:

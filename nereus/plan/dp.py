@@ -54,16 +54,19 @@ def pareto(points: list[Point]) -> list[Point]:
     return [p for p in points if front.add(p[1], p[2], p[3])]
 
 
-def _stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> list[Point]:
-    """DP points of the frontier candidates that fit the pool, by GPUs (front indices)."""
+def _stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> Sequence[Point]:
+    """DP points of the frontier candidates (front indices), by latency.
+
+    On whole-node pools the table's points as they are (``phase_options`` cuts by GPUs); else
+    only those that fit the pool, with their demand at its levels.
+    """
     if len(levels) == 1:
-        return list(table.by_gpus[: bisect_right(table.by_gpus_sizes, caps[0])])
+        return table.points
     pts: list[Point] = []
     for i, c in enumerate(table.front):
         d = demand_of(c.block, c.num_gpus, levels)
         if _fits(d, caps):
             pts.append((c.latency_s, d, c.persistent_bytes, c.peak_bytes, (i,)))
-    pts.sort(key=lambda p: p[1])
     return pts
 
 
@@ -72,13 +75,15 @@ def _fits(d: tuple[int, ...], cap: tuple[int, ...]) -> bool:
 
 
 def phase_options(
-    stage_pts: Sequence[list[Point]], cap: tuple[int, ...], max_latency_s: float
+    stage_pts: Sequence[Sequence[Point]], cap: tuple[int, ...], max_latency_s: float
 ) -> list[Point]:
     """Pareto options of one phase within ``cap`` and no slower than ``max_latency_s``."""
     zero = tuple(0 for _ in cap)
+    multi = len(cap) > 1  # level 1 is checked by the ``room0`` cut alone otherwise
     partial: list[Point] = [(0.0, zero, 0, 0, ())]
     for pts in stage_pts:
-        usable = [p for p in pts if p[0] <= max_latency_s]
+        k = bisect_right(pts, max_latency_s, key=lambda p: p[0])
+        usable = sorted((p for p in pts[:k] if p[1][0] <= cap[0]), key=lambda p: p[1])
         new: list[Point] = []
         for lat, dem, p, pt, picks in partial:
             room0 = cap[0] - dem[0]
@@ -86,14 +91,14 @@ def phase_options(
                 if d2[0] > room0:
                     break
                 nd = tuple(a + b for a, b in zip(dem, d2, strict=True))
-                if not _fits(nd, cap):
+                if multi and not _fits(nd, cap):
                     continue
                 new.append((max(lat, l2), nd, max(p, p2), max(pt, pt2), picks + i2))
         partial = pareto(new)
     return partial
 
 
-def _fastest(pts: list[Point], cap: tuple[int, ...]) -> list[tuple[float, tuple[int, ...]]]:
+def _fastest(pts: Sequence[Point], cap: tuple[int, ...]) -> list[tuple[float, tuple[int, ...]]]:
     """The fastest latency per demand vector among ``pts`` that fit ``cap``."""
     fastest: dict[tuple[int, ...], float] = {}
     for p in pts:
@@ -114,6 +119,10 @@ def _relaxed_min(reduced: Sequence[list[tuple[float, tuple[int, ...]]]], cap: tu
             best = lat
             return
         for l2, d2 in reduced[k]:
+            if len(cap) == 1:
+                if dem[0] + d2[0] <= cap[0]:
+                    rec(k + 1, max(lat, l2), (dem[0] + d2[0],))
+                continue
             nd = tuple(a + b for a, b in zip(dem, d2, strict=True))
             if _fits(nd, cap):
                 rec(k + 1, max(lat, l2), nd)
@@ -208,7 +217,7 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
 
 def _solve_within(
     problem: Problem,
-    pts: dict[str, list[Point]],
+    pts: dict[str, Sequence[Point]],
     fronts: dict[str, tuple[Costed, ...]],
     lbs: list[list[float]],
     limit: float,

@@ -56,7 +56,21 @@ class StageSpace:
     table: StageTable
     levels: tuple[int, ...]
     caps: tuple[int, ...]
-    front: tuple[Costed, ...]  # frontier candidates that fit the pool, by latency
+
+    @property
+    def front(self) -> tuple[Costed, ...]:
+        """Frontier candidates that fit the pool, by latency."""
+        if len(self.levels) == 1:  # whole nodes only: the GPU count is the one constraint
+            return tuple(c for c in self.table.front if c.num_gpus <= self.caps[0])
+        return tuple(c for c in self.table.front if _fits(c, self.levels, self.caps))
+
+    @property
+    def fits_pool(self) -> bool:
+        """Some frontier candidate fits the pool."""
+        if len(self.levels) == 1:
+            sizes = self.table.gpu_counts
+            return bool(sizes) and sizes[0] <= self.caps[0]
+        return any(_fits(c, self.levels, self.caps) for c in self.table.front)
 
     @property
     def feasible(self) -> tuple[Costed, ...]:
@@ -131,12 +145,8 @@ def build_problem(
             table = cache.pinned(setup, ms, calib, (int(tp), int(pp)))
         else:
             table = cache.table(setup, ms, calib)
-        if len(levels) == 1:  # whole nodes only: the GPU count is the one constraint
-            front = tuple(c for c in table.front if c.num_gpus <= caps[0])
-        else:
-            front = tuple(c for c in table.front if _fits(c, levels, caps))
-        spaces.append(StageSpace(ms.name, table, levels, caps, front))
-    short = [s for s in spaces if not s.front]
+        spaces.append(StageSpace(ms.name, table, levels, caps))
+    short = [s for s in spaces if not s.fits_pool]
     if short:
         gpn = setup.cluster.gpus_per_node
         no_space = [s for s in short if s.enumerated == 0]
