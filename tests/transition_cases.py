@@ -41,7 +41,7 @@ def random_plan(rng: random.Random, names: list[str], pool: list[int], gpn: int,
     return ExecutionPlan(tuple(stages))
 
 
-def case(seed: int) -> tuple[ExecutionPlan, ExecutionPlan, dict[str, str], StateSizer, int]:
+def case(seed: int) -> tuple[ExecutionPlan, ExecutionPlan, dict[str, str], StateSizer, list[int]]:
     rng = random.Random(seed)
     gpn = rng.choice([2, 4, 8])
     nodes = rng.randint(1, 4)
@@ -52,14 +52,14 @@ def case(seed: int) -> tuple[ExecutionPlan, ExecutionPlan, dict[str, str], State
     sizer = model_state_sizer(models, {n: n.endswith("-train") for n in names})
     cur = random_plan(rng, names, pool, gpn, 4)
     tgt = random_plan(rng, names, pool, gpn, 4)
-    return cur, tgt, states, sizer, seed
+    return cur, tgt, states, sizer, pool
 
 
 def random_case(seed: int) -> tuple[TransitionDag, StateSizer] | None:
     """A compiled DAG of a random case, or None when the target is infeasible."""
-    cur, tgt, states, sizer, _ = case(seed)
+    cur, tgt, states, sizer, pool = case(seed)
     try:
-        return compile_plans(cur, tgt, states, sizer), sizer
+        return compile_plans(cur, tgt, states, sizer, spare_gpus=pool), sizer
     except TransitionError:
         return None
 

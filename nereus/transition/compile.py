@@ -28,6 +28,7 @@ from nereus.transition.primitives import (
     Primitive,
     Split,
     StateSizer,
+    consumed,
     groupings_differ,
     sub_unit_gpus,
     sub_units,
@@ -72,6 +73,7 @@ class _Local:
     edges: list[tuple[int, int, str]] = field(default_factory=list)
     release: dict[int, int] = field(default_factory=dict)  # GPU → local Destroy index
     donor: bool = False
+    staged: bool = False
     t_sub: Layout | None = None
 
     def add(self, p: Primitive) -> int:
@@ -108,6 +110,7 @@ def _local_dag(
     target_gpus: frozenset[int],
     replicas: Sequence[Emu] = (),
     donor_rank: int = 0,
+    staging: tuple[int, ...] = (),
 ) -> _Local | None:
     """One model-stage's local DAG through ``t_sub``; None when no copy can reach the target."""
     loc = _Local()
@@ -152,6 +155,8 @@ def _local_dag(
         if g not in kept_gpus
     ]
     unfilled.sort(key=lambda s: any(g in held for g in s.gpus))  # free GPUs first (stable)
+    reads: dict[Emu, list[int]] = {}
+    donor: Emu | None = None
     # Sources: kept sub-units and surplus ones on GPUs no target needs (nobody waits for them).
     pool = [_Source(s, 1 if s in producer else 0) for s in kept]
     pool += [_Source(s, 0) for s in surplus if target_gpus.isdisjoint(s.gpus)]
@@ -163,9 +168,20 @@ def _local_dag(
         if donor is None:
             return None
         loc.donor = True
-        pool.append(_Source(donor, 1 if donor in producer else 0))
         surplus = [s for s in surplus if s != donor] + [donor]
-    reads: dict[Emu, list[int]] = {}
+        if len(staging) == t_sub.size:
+            # Copy the donor onto spare GPUs first: the donor then waits for nobody.
+            stage = Emu(donor.model_stage, donor.state, t_sub, staging)
+            e0 = loc.add(Extend(donor, stage, state_bytes))
+            if donor in producer:
+                loc.edges.append((producer[donor], e0, "data"))
+            reads[donor] = [e0]
+            producer[stage] = e0
+            surplus.append(stage)
+            pool.append(_Source(stage, 1))
+            loc.staged = True
+        else:
+            pool.append(_Source(donor, 1 if donor in producer else 0))
     heap = [(src.free_at, k, src.unit) for k, src in enumerate(pool)]
     heapq.heapify(heap)
     tie = len(heap)
@@ -188,7 +204,8 @@ def _local_dag(
         if prev:
             loc.edges.append((prev[-1], e, "order"))
         prev.append(e)
-        heapq.heappush(heap, (start + 1, tie, src))
+        if src != donor:  # the donor is read once: its GPUs may be waited for
+            heapq.heappush(heap, (start + 1, tie, src))
         heapq.heappush(heap, (start + 1, tie + 1, slot))
         tie += 2
         producer[slot] = e
@@ -214,8 +231,9 @@ def _local_dag(
     for i, p in enumerate(loc.prims):
         if isinstance(p, Extend):
             for g in p.new.gpus:
-                if g in loc.release:
-                    loc.edges.append((loc.release[g], i, "local"))
+                rel = loc.release.get(g)
+                if rel is not None and consumed(loc.prims[rel]) != (p.new,):  # not its own copy
+                    loc.edges.append((rel, i, "local"))
     return loc
 
 
@@ -279,8 +297,14 @@ def compile_transition(
     capacity_bytes: int | Mapping[int, int] | None = None,
     reserved_bytes: Mapping[int, int] | None = None,
     stage_rank: Mapping[str, int] | None = None,
+    spare_gpus: Sequence[int] = (),
 ) -> TransitionDag:
-    """The global DAG from any valid EMU collection ``source`` to the collection ``target``."""
+    """The global DAG from any valid EMU collection ``source`` to the collection ``target``.
+
+    ``spare_gpus`` (held by nobody, needed by no target) and source GPUs no target needs may
+    stage a copy of a state whose last copy sits on GPUs another model-stage's target needs,
+    breaking a circular wait.
+    """
     check_collection(source, "source")
     check_collection(target, "target")
     src_state = {u.model_stage: u.state for u in source}
@@ -307,6 +331,11 @@ def compile_transition(
     cands = {m: t_sub_candidates([u.layout for u in (by_src[m] or in_place[m]) + by_tgt[m]])
              for m in names}
     choice = {m: [0, 0] for m in names}  # (T_sub candidate, donor rank) per model-stage
+    # staging GPUs: free ones first, then ones the source holds and no target needs (after the
+    # Destroy that frees them, which the resource edges order first)
+    spare = [g for g in sorted(set(spare_gpus)) if g not in held and g not in target_gpus]
+    released = sorted(g for g in held if g not in target_gpus)
+    staging: dict[str, tuple[int, ...]] = {}
 
     def local_for(m: str) -> _Local | None:
         """The local DAG at ``choice[m]`` or the next choice that compiles (None: none left)."""
@@ -314,18 +343,23 @@ def compile_transition(
             return _local_dag(by_src[m], [], Layout(1, 1), sizer(m), held, target_gpus)
         while choice[m][0] < len(cands[m]):
             loc = _local_dag(by_src[m], by_tgt[m], cands[m][choice[m][0]], sizer(m), held,
-                             target_gpus, in_place[m], choice[m][1])
+                             target_gpus, in_place[m], choice[m][1], staging.get(m, ()))
             if loc is not None:
-                return loc
+                why = None if capacity_bytes is None else \
+                    _memory_excess(loc.prims, capacity_bytes, reserved_bytes)
+                if why is None:
+                    return loc
+                memory_reason[m] = why
             choice[m] = [choice[m][0] + 1, 0]
         return None
 
+    memory_reason: dict[str, str] = {}
     locs: dict[str, _Local] = {}
     for m in names:
         loc = local_for(m)
         if loc is None:
-            raise TransitionError(f"{m}: no copy of its state can reach the target GPUs "
-                                  "(every copy sits on GPUs its target needs)")
+            raise TransitionError(memory_reason.get(m) or f"{m}: no copy of its state can reach "
+                                  "the target GPUs (every copy sits on GPUs its target needs)")
         locs[m] = loc
     exhausted: set[str] = set()
     while True:
@@ -344,12 +378,33 @@ def compile_transition(
             choice[m] = saved
             exhausted.add(m)
         else:
+            stage_m, lay = None, None
+            for pool_name in ("spare", "released"):
+                for m in dict.fromkeys(cycle):
+                    lay = locs[m].t_sub
+                    avail = spare if pool_name == "spare" else released
+                    if locs[m].donor and not locs[m].staged and lay is not None \
+                            and len(avail) >= lay.size:
+                        stage_m = m
+                        break
+                if stage_m is not None:
+                    break
+            if stage_m is not None and lay is not None:  # stage its donor on spare GPUs
+                if len(spare) >= lay.size:
+                    staging[stage_m], spare = tuple(spare[: lay.size]), spare[lay.size:]
+                else:
+                    staging[stage_m], released = tuple(released[: lay.size]), released[lay.size:]
+                loc = local_for(stage_m)
+                assert loc is not None
+                locs[stage_m] = loc
+                exhausted.clear()
+                continue
+            mem = [memory_reason[m] for m in dict.fromkeys(cycle) if m in memory_reason]
             raise TransitionError("circular wait between model-stages: " + " → ".join(cycle)
                                   + " (each keeps the last copy of its state on GPUs another's "
-                                  "target needs)")
-    if capacity_bytes is not None:
-        check_memory(dag, capacity_bytes, reserved_bytes)
-    return dag
+                                  "target needs)" + (f"; finer layouts exceed memory: {mem[0]}"
+                                                     if mem else ""))
+    return dag  # every local DAG passed the memory check in local_for
 
 
 def _assemble(
@@ -428,21 +483,30 @@ def _cycle_names(prims: list[Primitive], succ: list[list[int]], left: set[int]) 
     return out
 
 
+def _memory_excess(
+    prims: Sequence[Primitive],
+    capacity_bytes: int | Mapping[int, int],
+    reserved_bytes: Mapping[int, int] | None,
+) -> str | None:
+    reserved = reserved_bytes or {}
+    for p in prims:
+        for g, b in p.peak_bytes().items():
+            cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+            if reserved.get(g, 0) + b > cap:
+                return (f"{type(p).__name__} of {p.model_stage} needs {reserved.get(g, 0) + b} "
+                        f"bytes on GPU {g}, capacity {cap}")
+    return None
+
+
 def check_memory(
     dag: TransitionDag,
     capacity_bytes: int | Mapping[int, int],
     reserved_bytes: Mapping[int, int] | None = None,
 ) -> None:
     """Every primitive's peak (+ reserved bytes) fits each GPU it touches."""
-    reserved = reserved_bytes or {}
-    for p in dag.primitives:
-        for g, b in p.peak_bytes().items():
-            cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
-            if reserved.get(g, 0) + b > cap:
-                raise TransitionError(
-                    f"{type(p).__name__} of {p.model_stage} needs {reserved.get(g, 0) + b} bytes "
-                    f"on GPU {g}, capacity {cap}"
-                )
+    why = _memory_excess(dag.primitives, capacity_bytes, reserved_bytes)
+    if why is not None:
+        raise TransitionError(why)
 
 
 def compile_plans(
@@ -454,9 +518,10 @@ def compile_plans(
     capacity_bytes: int | Mapping[int, int] | None = None,
     reserved_bytes: Mapping[int, int] | None = None,
     stage_rank: Mapping[str, int] | None = None,
+    spare_gpus: Sequence[int] = (),
 ) -> TransitionDag:
     """:func:`compile_transition` between two placed plans of one workflow."""
     st = dict(states)
     return compile_transition(emus_of_plan(current, st), emus_of_plan(target, st), sizer,
                               capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes,
-                              stage_rank=stage_rank)
+                              stage_rank=stage_rank, spare_gpus=spare_gpus)
