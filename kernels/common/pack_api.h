@@ -12,7 +12,8 @@
 // (FIRST_TILE is the prefix sum of N_TILES, so rows are sorted by it). A tile is either one
 // segment of SEG_BYTES of one row (TILES_PER_ROW > 1) or TILE_ROWS whole rows (TILES_PER_ROW == 1).
 // Every address, ROW_BYTES, SEG_BYTES and the strides of dims with size > 1 are multiples of
-// VEC_BYTES (1, 2, 4, 8 or 16): the copy unit of the slice.
+// VEC_BYTES (1, 2, 4, 8 or 16): the copy unit of the slice. ROWS < 2^31; a tile holds at most
+// NEREUS_PACK_MAX_TILE_BYTES bytes.
 #pragma once
 
 #include <stdint.h>
@@ -40,6 +41,10 @@
 // Threads per block, and copy units each thread keeps in flight per step.
 #define NEREUS_PACK_THREADS 256
 #define NEREUS_PACK_UNROLL 4
+// Resident blocks per multiprocessor the compiler must allow: caps registers at 85 per thread
+// (nvcc 13 for sm_90 needs 72/78 for pack/unpack without spilling), so 768 threads keep 48 kB
+// of loads in flight per SM.
+#define NEREUS_PACK_MIN_BLOCKS 3
 // Launch at most this many blocks; blocks stride over the remaining tiles.
 #define NEREUS_PACK_MAX_BLOCKS (1 << 20)
 // Upper bound on one tile's bytes (in-tile indices are 32-bit).

@@ -35,52 +35,55 @@ struct Slice {
   char* strided;
   char* packed;
   int64_t row_bytes;
-  int64_t n1;
-  int64_t n2;
+  uint32_t n1;  // rows < 2^31 (the table builder keeps larger slices out)
+  uint32_t n2;
   int64_t s0;
   int64_t s1;
   int64_t s2;
 };
 
 // Byte offset of row `row` from the slice origin on the strided side.
-NEREUS_HD int64_t row_offset(const Slice& sl, int64_t row) {
+NEREUS_HD int64_t row_offset(const Slice& sl, uint32_t row) {
   if (sl.n1 == 1 && sl.n2 == 1) {
-    return row * sl.s0;
+    return static_cast<int64_t>(row) * sl.s0;
   }
-  const int64_t i2 = row % sl.n2;
-  const int64_t q = row / sl.n2;
-  const int64_t i1 = q % sl.n1;
-  const int64_t i0 = q / sl.n1;
-  return i0 * sl.s0 + i1 * sl.s1 + i2 * sl.s2;
+  const uint32_t q = row / sl.n2;
+  const uint32_t i2 = row - q * sl.n2;
+  const uint32_t i0 = q / sl.n1;
+  const uint32_t i1 = q - i0 * sl.n1;
+  return static_cast<int64_t>(i0) * sl.s0 + static_cast<int64_t>(i1) * sl.s1 +
+         static_cast<int64_t>(i2) * sl.s2;
 }
 
 // Copies rows [row0, row0 + nrows), bytes [col0, col0 + ncol) of each, in units of V.
 // When nrows > 1 the tile holds whole rows (col0 == 0, ncol == row_bytes), so the packed side
 // of the tile is one contiguous run either way.
 template <typename V, bool Unpack>
-NEREUS_HD void copy_tile_units(const Slice& sl, int64_t row0, uint32_t nrows, int64_t col0,
+NEREUS_HD void copy_tile_units(const Slice& sl, uint32_t row0, uint32_t nrows, int64_t col0,
                                uint32_t ncol, uint32_t tid, uint32_t nthreads) {
   const int64_t unit = static_cast<int64_t>(sizeof(V));
   const uint32_t units_per_row = ncol / static_cast<uint32_t>(sizeof(V));
   const uint32_t total = nrows * units_per_row;
-  char* packed = sl.packed + row0 * sl.row_bytes + col0;
+  char* packed = sl.packed + static_cast<int64_t>(row0) * sl.row_bytes + col0;
   const bool one_row = nrows == 1;
   char* strided = sl.strided + (one_row ? row_offset(sl, row0) + col0 : 0);
+  // The strided address of unit i, computed where it is used (not kept across the two phases:
+  // fewer registers, more resident blocks).
+  auto strided_at = [&](uint32_t i) -> char* {
+    if (one_row) {
+      return strided + static_cast<int64_t>(i) * unit;
+    }
+    const uint32_t r = i / units_per_row;
+    const uint32_t c = i - r * units_per_row;
+    return strided + row_offset(sl, row0 + r) + static_cast<int64_t>(c) * unit;
+  };
   for (uint32_t base = tid; base < total; base += nthreads * NEREUS_PACK_UNROLL) {
     V units[NEREUS_PACK_UNROLL];
-    char* strided_at[NEREUS_PACK_UNROLL];
     NEREUS_UNROLL
     for (int u = 0; u < NEREUS_PACK_UNROLL; ++u) {
       const uint32_t i = base + static_cast<uint32_t>(u) * nthreads;
       if (i < total) {
-        if (one_row) {
-          strided_at[u] = strided + static_cast<int64_t>(i) * unit;
-        } else {
-          const uint32_t r = i / units_per_row;
-          const uint32_t c = i - r * units_per_row;
-          strided_at[u] = strided + row_offset(sl, row0 + r) + static_cast<int64_t>(c) * unit;
-        }
-        const char* from = Unpack ? packed + static_cast<int64_t>(i) * unit : strided_at[u];
+        const char* from = Unpack ? packed + static_cast<int64_t>(i) * unit : strided_at(i);
         units[u] = *reinterpret_cast<const V*>(from);
       }
     }
@@ -88,7 +91,7 @@ NEREUS_HD void copy_tile_units(const Slice& sl, int64_t row0, uint32_t nrows, in
     for (int u = 0; u < NEREUS_PACK_UNROLL; ++u) {
       const uint32_t i = base + static_cast<uint32_t>(u) * nthreads;
       if (i < total) {
-        char* to = Unpack ? strided_at[u] : packed + static_cast<int64_t>(i) * unit;
+        char* to = Unpack ? strided_at(i) : packed + static_cast<int64_t>(i) * unit;
         *reinterpret_cast<V*>(to) = units[u];
       }
     }
@@ -104,8 +107,8 @@ NEREUS_HD void copy_tile(const int64_t* desc, int64_t n_slices, int64_t t, uint3
   sl.strided = reinterpret_cast<char*>(d[NEREUS_PACK_STRIDED_PTR]);
   sl.packed = reinterpret_cast<char*>(d[NEREUS_PACK_PACKED_PTR]);
   sl.row_bytes = d[NEREUS_PACK_ROW_BYTES];
-  sl.n1 = d[NEREUS_PACK_N1];
-  sl.n2 = d[NEREUS_PACK_N2];
+  sl.n1 = static_cast<uint32_t>(d[NEREUS_PACK_N1]);
+  sl.n2 = static_cast<uint32_t>(d[NEREUS_PACK_N2]);
   sl.s0 = d[NEREUS_PACK_S0];
   sl.s1 = d[NEREUS_PACK_S1];
   sl.s2 = d[NEREUS_PACK_S2];
@@ -130,23 +133,24 @@ NEREUS_HD void copy_tile(const int64_t* desc, int64_t n_slices, int64_t t, uint3
     col0 = 0;
     ncol = sl.row_bytes;
   }
+  const uint32_t r0 = static_cast<uint32_t>(row0);
   const uint32_t nr = static_cast<uint32_t>(nrows);
   const uint32_t nc = static_cast<uint32_t>(ncol);
   switch (vec_bytes) {
     case 16:
-      copy_tile_units<nereus_vec<16>::type, Unpack>(sl, row0, nr, col0, nc, tid, nthreads);
+      copy_tile_units<nereus_vec<16>::type, Unpack>(sl, r0, nr, col0, nc, tid, nthreads);
       break;
     case 8:
-      copy_tile_units<nereus_vec<8>::type, Unpack>(sl, row0, nr, col0, nc, tid, nthreads);
+      copy_tile_units<nereus_vec<8>::type, Unpack>(sl, r0, nr, col0, nc, tid, nthreads);
       break;
     case 4:
-      copy_tile_units<nereus_vec<4>::type, Unpack>(sl, row0, nr, col0, nc, tid, nthreads);
+      copy_tile_units<nereus_vec<4>::type, Unpack>(sl, r0, nr, col0, nc, tid, nthreads);
       break;
     case 2:
-      copy_tile_units<nereus_vec<2>::type, Unpack>(sl, row0, nr, col0, nc, tid, nthreads);
+      copy_tile_units<nereus_vec<2>::type, Unpack>(sl, r0, nr, col0, nc, tid, nthreads);
       break;
     default:
-      copy_tile_units<nereus_vec<1>::type, Unpack>(sl, row0, nr, col0, nc, tid, nthreads);
+      copy_tile_units<nereus_vec<1>::type, Unpack>(sl, r0, nr, col0, nc, tid, nthreads);
       break;
   }
 }
@@ -156,7 +160,7 @@ NEREUS_HD void copy_tile(const int64_t* desc, int64_t n_slices, int64_t t, uint3
 #if NEREUS_GPU
 
 template <bool Unpack>
-__global__ void __launch_bounds__(NEREUS_PACK_THREADS)
+__global__ void __launch_bounds__(NEREUS_PACK_THREADS, NEREUS_PACK_MIN_BLOCKS)
     nereus_pack_kernel(const int64_t* desc, int64_t n_slices, int64_t n_tiles) {
   for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
     nereus_pack::copy_tile<Unpack>(desc, n_slices, t, threadIdx.x, blockDim.x);

@@ -25,9 +25,9 @@ Backends, chosen per call by ``backend(device)``: the compiled extension ``nereu
 (the CUDA or HIP build of ``kernels/``, see setup.py) for GPU tensors when it was built — one
 launch for all slices plus one small descriptor-table upload (cached per table content); else
 the torch fallback, one ``copy_`` per slice into views of one preallocated buffer. Both run on
-the current stream. Slices the kernels cannot index (more than 3 outer dims after merging) are
-copied by the fallback within the same call. Overlapping destination slices in ``unpack`` give
-an unspecified result.
+the current stream. Slices the kernels cannot index (more than 3 outer dims after merging, or
+2^31 rows or more) are copied by the fallback within the same call. Overlapping destination
+slices in ``unpack`` give an unspecified result.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def _table_copy(
             continue
         t = tensors[spec.tensor]
         geometry = row_geometry(spec, t.element_size())
-        if geometry is None:
+        if geometry is None or not desc_table.fits(geometry):
             rest_specs.append(spec)
             rest_offsets.append(off)
             continue

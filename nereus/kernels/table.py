@@ -37,6 +37,12 @@ N_TILES = 14
 
 MAX_VEC_BYTES = 16
 MAX_TILE_BYTES = 1 << 24
+MAX_ROWS = (1 << 31) - 1  # the kernels index rows in 32 bits
+
+
+def fits(geometry: RowGeometry) -> bool:
+    """True when the kernels can index this slice (else the torch fallback copies it)."""
+    return geometry.rows <= MAX_ROWS
 DEFAULT_TILE_BYTES = 32 * 1024
 
 
@@ -73,6 +79,8 @@ def build_table(
         g = copy.geometry
         if g.nbytes == 0:
             raise TransitionError(f"copy {i}: empty slices are left out of the table")
+        if not fits(g):
+            raise TransitionError(f"copy {i}: {g.rows} rows, the kernels index at most {MAX_ROWS}")
         row = table[i]
         row[STRIDED_PTR] = copy.strided_ptr
         row[PACKED_PTR] = copy.packed_ptr
