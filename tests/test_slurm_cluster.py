@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import LocalSlurm
 
-from launchers.commands import LaunchSpec
+from launchers.commands import LaunchSpec, on_survivors, srun_argv
 from launchers.sbatch import SbatchSpec, sbatch_script, submit
 from launchers.submitit_entry import NereusEntry, submitit_parameters
 from nereus.cluster.env import JobEnvironment
@@ -281,6 +281,37 @@ def test_node_crash_seen_by_watcher_and_srun(slurm_cluster: LocalSlurm, tmp_path
         slurm_cluster.run("scancel", job_id, check=False)
         slurm_cluster.resume_all()
         slurm_cluster.wait_idle(3, timeout_s=60)
+
+def test_allocation_shrunk_by_scontrol(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """`scontrol update JobId=X NumNodes=2` releases n3: NodesLost("left the allocation"), and a
+    step sized from the watcher's pool runs on the two nodes left."""
+    code = ("import os, pathlib, sys, time; d = pathlib.Path(sys.argv[1]); "
+            "(d / ('up.' + os.environ['SLURM_PROCID'])).touch(); t = time.monotonic()\n"
+            "while not (d / 'release').exists() and time.monotonic() - t < 60: time.sleep(0.1)")
+    step = LaunchSpec(argv=(sys.executable, "-c", code, str(tmp_path)), cpu_bind=None)
+    after = on_survivors(LaunchSpec(argv=("hostname",), ntasks_per_node=1, cpu_bind=None,
+                                    label=True), ("n1", "n2"))
+    spec = SbatchSpec(job_name="shrink", nodes=3, ntasks_per_node=1,
+                      output=str(tmp_path / "out.txt"), launch=step)
+    # The first step ends non-zero (its n3 task was killed); the job's status is the relaunch's.
+    script = sbatch_script(spec).replace('exit "$rc"\n', " ".join(srun_argv(after)) + "\n")
+    job_id = submit(script, cwd=str(tmp_path), env=slurm_cluster.env)
+    watcher = SlurmWatcher(job_id, runner=make_subprocess_runner(env=slurm_cluster.env))
+    try:
+        wait_for("three ranks up", lambda: len(list(tmp_path.glob("up.*"))) == 3)
+        assert watcher.poll() == (PoolChanged(("n1", "n2", "n3")),)
+        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "NumNodes=2")
+        events = poll_until(watcher, NodesLost)
+        assert events[:2] == [NodesLost(("n3",), "left the allocation"),
+                              PoolChanged(("n1", "n2"))]
+        (tmp_path / "release").touch()
+        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED"))
+    finally:
+        (tmp_path / "release").touch()
+        slurm_cluster.run("scancel", job_id, check=False)
+    out = (tmp_path / "out.txt").read_text()
+    assert "n3: task 2: Killed" in out
+    assert info.state == "COMPLETED" and "0: " in out and "1: " in out, out
 
 def test_cpu_template_runs_nereus_run(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """The committed slurm/cpu.sbatch itself, on the tiny CPU example (issue 7's "submit the
