@@ -25,6 +25,7 @@ from launchers.sbatch import SbatchSpec, sbatch_script, submit
 from launchers.submitit_entry import NereusEntry, submitit_parameters
 from nereus.cluster.env import JobEnvironment
 from nereus.cluster.slurm_watch import (
+    SINFO_NODE_FORMAT,
     Event,
     JobInfo,
     NodesGained,
@@ -33,6 +34,7 @@ from nereus.cluster.slurm_watch import (
     SlurmWatcher,
     make_subprocess_runner,
     parse_job_record,
+    parse_sinfo_nodes,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
@@ -217,6 +219,9 @@ def test_node_down_and_resume_seen_by_watcher(slurm_cluster: LocalSlurm, tmp_pat
         wait_for("the watcher to see n3 lost", lambda: any(
             e["type"] == "NodesLost" and e["source"] == "watcher" for e in events()))
         assert job_info(slurm_cluster, job_id).nodes == ("n1", "n2")
+        sinfo = slurm_cluster.run("sinfo", "-h", "-N", "-o", SINFO_NODE_FORMAT).stdout
+        states = {n.name: (n.usable, n.reason) for n in parse_sinfo_nodes(sinfo)}
+        assert states == {"n1": (True, ""), "n2": (True, ""), "n3": (False, "test")}, sinfo
         slurm_cluster.run("scontrol", "update", "nodename=n3", "state=resume")
         wait_for("the watcher to see n3 back", lambda: any(
             e["type"] == "NodesGained" for e in events()))
