@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import tracemalloc
@@ -52,13 +53,15 @@ def setup_for(gpus: int, gen_len: int = 2048) -> Setup:
     return Setup(job, ClusterSpec(gpus // GPUS_PER_NODE, GPUS_PER_NODE, H200))
 
 
-def _median_ms(fn: Any, repeats: int) -> float:
-    times = []
+def _median_ms(fn: Any, repeats: int) -> tuple[float, float]:
+    """Median wall and median CPU (this process) milliseconds of ``fn(i)``."""
+    wall, cpu = [], []
     for i in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn(i)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
 def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
@@ -66,9 +69,11 @@ def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
     calib = default_calibration()
     cache = CostCache()
     ours = search_plan(setup, calib, cache=cache)
-    ours_ms = _median_ms(lambda _: search_plan(setup, calib, cache=cache), repeats)
+    ours_ms, ours_cpu_ms = _median_ms(lambda _: search_plan(setup, calib, cache=cache), repeats)
     # A new generated length per repeat: no cost evaluation of an earlier call can be reused.
-    cold_ms = _median_ms(lambda i: search_plan(setup_for(gpus, 2049 + i), calib), cold_repeats)
+    cold_ms, cold_cpu_ms = _median_ms(
+        lambda i: search_plan(setup_for(gpus, 2049 + i), calib), cold_repeats
+    )
     tracemalloc.start()
     search_plan(setup_for(gpus, 2048 + cold_repeats + 1), calib)
     _, peak_bytes = tracemalloc.get_traced_memory()
@@ -86,7 +91,9 @@ def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
     return {
         "gpus": gpus,
         "ours_ms": ours_ms,
+        "ours_cpu_ms": ours_cpu_ms,
         "cold_ms": cold_ms,
+        "cold_cpu_ms": cold_cpu_ms,
         "milp_ms": milp_ms,
         "gap_pct": (ours.predicted_step_s - ref) / ref * 100.0,
         "gap_ref": ref_name,
@@ -105,17 +112,22 @@ def main() -> int:
     ap.add_argument("--cold-repeats", type=int, default=5, help="repeats of the cold search")
     ap.add_argument("--gpus", default=",".join(map(str, GPU_COUNTS)), help="comma-separated")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     rows = [measure(int(g), args.repeats, args.cold_repeats) for g in args.gpus.split(",")]
+    load_after = os.getloadavg()[0]
     if args.json:
-        print(json.dumps({"rows": rows}))
+        print(json.dumps({"rows": rows, "load_avg_1min": [load_before, load_after]}))
         return 0
-    print("Llama-3.1-8B PPO (5 model-stages), H200, 8 GPUs/node; times are medians")
-    print(f"{'GPUs':>5} {'ours ms':>9} {'cold ms':>9} {'MILP ms':>9} {'MILP/ours':>10} "
-          f"{'gap %':>7} {'vs':>10} {'peak MB':>8} {'step s':>8} {'cands':>6}")
+    print("Llama-3.1-8B PPO (5 model-stages), H200, 8 GPUs/node; medians; wall and CPU ms")
+    print(f"{'GPUs':>5} {'ours ms':>9} {'ours cpu':>9} {'cold ms':>9} {'cold cpu':>9} "
+          f"{'MILP ms':>9} {'MILP/ours':>10} {'gap %':>7} {'vs':>10} {'peak MB':>8} "
+          f"{'step s':>8} {'cands':>6}")
     for r in rows:
-        print(f"{r['gpus']:>5} {r['ours_ms']:>9.2f} {r['cold_ms']:>9.1f} {r['milp_ms']:>9.1f} "
-              f"{r['milp_ms'] / r['ours_ms']:>9.0f}x {r['gap_pct']:>7.3f} {r['gap_ref']:>10} "
-              f"{r['peak_mb']:>8.1f} {r['step_s']:>8.3f} {r['candidates']:>6}")
+        print(f"{r['gpus']:>5} {r['ours_ms']:>9.2f} {r['ours_cpu_ms']:>9.2f} {r['cold_ms']:>9.1f} "
+              f"{r['cold_cpu_ms']:>9.1f} {r['milp_ms']:>9.1f} {r['milp_ms'] / r['ours_ms']:>9.0f}x "
+              f"{r['gap_pct']:>7.3f} {r['gap_ref']:>10} {r['peak_mb']:>8.1f} {r['step_s']:>8.3f} "
+              f"{r['candidates']:>6}")
+    print(f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after (2 cores)")
     return 0
 
 
