@@ -3,9 +3,14 @@
 Per model-stage: Split (to T_sub) → Destroy (surplus) → Extend (new replicas) → Merge (to the
 target). Across model-stages: a resource edge Destroy → Extend wherever an Extend needs a GPU that
 another model-stage's unit still holds; release-before-acquire and gen → inf → train order the
-rest. A circular wait makes the compiler retry the model-stages on the cycle with a finer T_sub
-(more sub-units land exactly on their target GPUs, so fewer copies must outlive an Extend); when
-none is left the target is infeasible and :class:`TransitionError` names the cycle.
+rest. Reuse: per unit the sub-unit grouping (interleaved or contiguous) that lands most
+sub-units exactly on a target slot is chosen; units already equal to a target unit stay as they
+are. A model-stage with no sub-unit in place keeps one *donor* copy until an Extend has copied it;
+the donor is read once, later copies come from the new replicas (a broadcast tree). A circular wait
+makes the compiler try, for a model-stage on the cycle, another donor, then a finer T_sub (more
+sub-units land on their target GPUs), then staging the donor on spare GPUs or on source GPUs no
+target needs; when nothing is left the target is infeasible and :class:`TransitionError` names the
+cycle. A layout choice whose buffers exceed a GPU's capacity is skipped (the reason is reported).
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
 """The four transition primitives as frozen DAG nodes, with the GPUs and bytes each one moves.
 
-Shard convention (used by every primitive here): splitting a unit of layout L into T_sub gives
-k = |L|/|T_sub| sub-units; sub-unit (bt, bp) takes the *interleaved* positions
-``tp_rank = j_tp·kt + bt``, ``pp_rank = j_pp·kp + bp`` of L. Then the GPUs that share one
-sub-unit position form a contiguous TP/PP block of L (the smallest enclosing group) and a Split is
-one position-wise all-gather inside each block, while a Merge of sub-units in that arrangement
-finds every target shard already resident (the T_sub shard on a GPU contains its L shard), so it
-copies nothing. Bytes: a position of a unit of layout L holds ``state_bytes / (tp·pp)``.
+Shard model: position (pp_rank, tp_rank) of a unit of layout L holds the region
+[tp_rank/tp, (tp_rank+1)/tp) × [pp_rank/pp, (pp_rank+1)/pp) of the logical state (a TP slice of
+a contiguous range of layers), i.e. ``state_bytes / (tp·pp)``. Splitting L into T_sub gives
+k = |L|/|T_sub| sub-units in one of two groupings: *interleaved* (sub-unit (bt, bp) takes
+``tp_rank = j_tp·kt + bt``, ``pp_rank = j_pp·kp + bp``: the GPUs sharing a sub-unit position form
+a contiguous TP/PP block, a Split is one position-wise all-gather per block and a Merge finds every
+target shard resident, copying nothing) or *contiguous* (sub-unit b takes a contiguous block of
+ranks, which matches how placements usually list GPUs; a Merge then copies the parts of shards not
+already on their target rank). Bytes are computed from region overlaps, so they are exact for this
+model under either grouping; the runtime can pass exact state sizes through a ``StateSizer``
+(per-tensor transfer plans are the EMU layer's business, not this estimate's).
 """
 
 from __future__ import annotations
