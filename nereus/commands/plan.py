@@ -93,11 +93,21 @@ def apply_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     if args.gpus is not None:
         per_node = cluster.get("gpus_per_node", 8)
         if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0:
-            if args.gpus <= 0 or args.gpus % per_node:
-                rule = f"must be a positive multiple of --gpus-per-node={per_node}"
+            if args.gpus <= 0 or (args.gpus > per_node and args.gpus % per_node):
+                rule = (
+                    f"must be a positive multiple of --gpus-per-node={per_node} "
+                    f"(or at most {per_node}: part of one node)"
+                )
                 raise ConfigError("--gpus", args.gpus, rule)
-            cluster["nodes"] = args.gpus // per_node
+            cluster["nodes"] = max(1, args.gpus // per_node)
     return raw
+
+
+def plan_pool(args: argparse.Namespace, setup: Any) -> tuple[int, ...] | None:
+    """GPUs the plan may use: all of the cluster, or the first ``--gpus`` of a partial node."""
+    if args.gpus is not None and args.gpus < setup.cluster.num_gpus:
+        return tuple(range(args.gpus))
+    return None
 
 
 def _flag_error(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
@@ -118,33 +128,23 @@ def build_setup(args: argparse.Namespace) -> Any:
         raise _flag_error(exc, args) from None
 
 
-def stage_rows(result: Any) -> list[dict[str, Any]]:
-    return [
-        {"name": sp.name, "tp": sp.tp, "pp": sp.pp, "dp": sp.dp, "gpus": list(sp.gpus)}
-        for sp in result.plan.stages
-    ]
-
-
 def _handler(args: argparse.Namespace) -> int:
     setup = build_setup(args)
-    from nereus.plan.explain import explain, plan_result_to_json
+    from nereus.plan.explain import explain, infeasible_to_json, plan_result_to_json
     from nereus.plan.search import search_plan
 
     start_s = time.perf_counter()
     try:
-        result = search_plan(setup, calib=None, pool=None, method=args.search)
+        result = search_plan(setup, calib=None, pool=plan_pool(args, setup), method=args.search)
     except InfeasiblePlanError as exc:
         if not args.json:
             raise
         decision_ms = (time.perf_counter() - start_s) * 1e3
-        payload = {"feasible": False, "reason": exc.reason, "decision_ms": decision_ms}
-        print(json.dumps(payload))
+        print(json.dumps({**infeasible_to_json(exc.reason), "decision_ms": decision_ms}))
         return 3
     decision_ms = (time.perf_counter() - start_s) * 1e3
     if args.json:
-        payload = {"feasible": True, **plan_result_to_json(result), "decision_ms": decision_ms}
-        payload.setdefault("model_stages", stage_rows(result))
-        print(json.dumps(payload))
+        print(json.dumps({**plan_result_to_json(result), "decision_ms": decision_ms}))
     else:
         print(explain(result, setup))
         print(f"decision: {decision_ms:.2f} ms ({args.search})")
