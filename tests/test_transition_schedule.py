@@ -16,7 +16,7 @@ from nereus.transition.baselines import exact_makespan, per_component_simulate
 from nereus.transition.compile import compile_plans, compile_transition
 from nereus.transition.cost import critical_path_s, durations_s, primitive_duration_s
 from nereus.transition.primitives import Destroy, Extend
-from nereus.transition.schedule import Scheduler, drive, simulate
+from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive, simulate
 
 CLUSTER = ClusterSpec(2, 4, H200)
 
@@ -144,3 +144,15 @@ def test_plans_compile_through_the_plan_api() -> None:
     dag = compile_plans(cur, tgt, {"actor-gen": "actor"}, lambda m: 10**9)
     assert dag.counts() == {"Split": 2}
     assert set(emus_of_plan(tgt, {"actor-gen": "actor"})) == set(dag.target)
+
+
+def test_scheduler_holds_a_split_whose_buffers_do_not_fit() -> None:
+    src = [Emu("a-gen", "a", Layout(2, 1), (0, 1))]
+    tgt = [Emu("a-gen", "a", Layout(1, 1), (0,)), Emu("a-gen", "a", Layout(1, 1), (1,))]
+    dag = compile_transition(src, tgt, lambda m: 100)  # Split peak: 50 + 100 bytes per GPU
+    ok = Scheduler(dag, capacity_bytes=150)
+    assert ok.ready() == [0]
+    tight = Scheduler(dag, capacity_bytes=200, reserved_bytes={1: 60})
+    assert tight.ready() == []
+    with pytest.raises(TransitionError, match="no primitive can start"):
+        drive(tight, SimulatedExecutor(durations_s(dag, CLUSTER)))
