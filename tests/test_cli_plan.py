@@ -157,6 +157,15 @@ def test_a_partial_node_plans_on_its_first_gpus(capsys: pytest.CaptureFixture[st
     assert set().union(*(s["gpus"] for s in obj["model_stages"])) <= {0, 1, 2}
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_has_a_feasible_plan(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, obj = _json(["plan", str(path)], capsys)
+    assert rc == 0 and obj["feasible"] is True, obj
+    assert obj["peak_memory_bytes"] <= obj["capacity_bytes"]
+
+
 def test_readme_main_command_through_the_console_entry() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(

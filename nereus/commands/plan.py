@@ -159,13 +159,19 @@ def register(subparsers: Any) -> None:
         "(docs/config.md) is planned.",
     )
     p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
-    p.add_argument("--model", help="preset for actor, reference and (ppo) critic")
-    p.add_argument("--gpu", help="GPU preset (h200, a100-64gb, mi250x-gcd, cpu)")
-    p.add_argument("--gpus", type=int, help="total GPUs; a multiple of --gpus-per-node")
-    p.add_argument("--gpus-per-node", type=int, dest="gpus_per_node", help="GPUs per node")
-    p.add_argument("--seq-len", type=int, dest="seq_len", help="mean generated tokens (gen_len)")
-    p.add_argument("--prompt-len", type=int, dest="prompt_len", help="prompt tokens")
-    p.add_argument("--global-batch", type=int, dest="global_batch", help="prompts per step")
+    p.add_argument("--model", metavar="NAME", help="preset for actor, reference and (ppo) critic")
+    p.add_argument("--gpu", metavar="NAME", help="GPU preset (h200, a100-64gb, mi250x-gcd, cpu)")
+    p.add_argument(
+        "--gpus", type=int, metavar="N",
+        help="GPUs to plan on: a multiple of --gpus-per-node, or fewer (part of one node)",
+    )
+    for flag, dest, metavar, text in (
+        ("--gpus-per-node", "gpus_per_node", "G", "GPUs per node"),
+        ("--seq-len", "seq_len", "L", "mean generated tokens per response (job.gen_len)"),
+        ("--prompt-len", "prompt_len", "P", "prompt tokens"),
+        ("--global-batch", "global_batch", "B", "prompts per step"),
+    ):
+        p.add_argument(flag, type=int, dest=dest, metavar=metavar, help=text)
     p.add_argument("--algo", choices=("ppo", "grpo", "remax"), help="RL algorithm")
     p.add_argument("--mode", choices=("sync", "async"), help="synchronous or asynchronous RL")
     p.add_argument("--search", choices=SEARCH_METHODS, default="dp", help="plan search method")
