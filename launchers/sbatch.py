@@ -154,6 +154,9 @@ def sbatch_script(spec: SbatchSpec) -> str:
         lines.append(f'{name}=${{1:?usage: sbatch $0 {usage}}}; shift')
     if spec.no_kill:
         lines.append("export SLURM_NO_KILL=set  # every srun step inherits --no-kill")
+    if spec.cpus_per_task is not None and spec.launcher == "srun":
+        # Slurm >= 22.05: srun does not inherit sbatch's --cpus-per-task (srun(1), sbatch(1)).
+        lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')
     lines.append('restart_count="${SLURM_RESTART_COUNT:-0}"')
     lines += spec.setup_lines
     lines.append("")

@@ -99,6 +99,8 @@ def test_template_invariants() -> None:
         assert any(ln.startswith("export SLURM_NO_KILL=set") for ln in lines), name
         assert 'nereus run "$CONFIG" "$@" &' in text, name
         assert ("--mpi=pmi2" in text) != ("mpiexec" in text), name
+        if "--mpi=pmi2" in text and "#SBATCH --cpus-per-task=" in text:
+            assert 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"' in lines, name
 
 
 def test_shell_word_keeps_expansions_and_quotes_the_rest() -> None:

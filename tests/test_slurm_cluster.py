@@ -83,7 +83,8 @@ def poll_until(watcher: SlurmWatcher, kind: type, timeout_s: float = 60.0) -> li
 def test_builder_script_runs_inventory_on_two_nodes(slurm_cluster: LocalSlurm,
                                                     tmp_path: Path) -> None:
     spec = SbatchSpec(
-        job_name="inv", nodes=2, ntasks_per_node=1, output=str(tmp_path / "out-%j.txt"),
+        job_name="inv", nodes=2, ntasks_per_node=1, cpus_per_task=1,
+        output=str(tmp_path / "out-%j.txt"),
         error=str(tmp_path / "err-%j.txt"),
         launch=LaunchSpec(argv=(sys.executable, "-m", "nereus", "inventory", "--json",
                                 "--virtual-devices", "$NDEV"), cpu_bind=None, label=True),
