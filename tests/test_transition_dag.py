@@ -17,7 +17,9 @@ from nereus.transition.primitives import (
     Extend,
     Merge,
     Split,
+    gather_transfers,
     merge_gpus,
+    region,
     sub_units,
 )
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive
@@ -218,3 +220,16 @@ def test_swap_stages_through_spare_gpus() -> None:
     validate_dag(dag)
     staged = [p for p in dag.primitives if isinstance(p, Extend) and p.new.gpus == (2,)]
     assert len(staged) == 1
+
+
+@pytest.mark.parametrize("tp,pp,ts,ps", [(4, 2, 2, 1), (4, 8, 4, 2), (8, 1, 2, 1), (2, 4, 1, 1)])
+def test_split_all_gather_matches_region_overlaps(tp: int, pp: int, ts: int, ps: int) -> None:
+    unit = Emu("m-inf", "m", Layout(tp, pp), tuple(random.Random(tp * pp).sample(range(64), tp * pp)))
+    subs = sub_units(unit, Layout(ts, ps), "interleaved")
+    have = {g: region(unit.layout, i) for i, g in enumerate(unit.gpus)}
+    need = {g: region(subs[0].layout, i) for s in subs for i, g in enumerate(s.gpus)}
+    by_regions = sorted(gather_transfers(need, have, [have], 10**9), key=repr)
+    assert sorted(Split(unit, subs, 10**9).transfers(), key=repr) == by_regions
+    # every GPU ends up with its new shard: own part plus what it receives
+    recv = {g: sum(t.nbytes for t in by_regions if t.dst_gpu == g) for g in unit.gpus}
+    assert all(r == 10**9 // (ts * ps) - 10**9 // (tp * pp) for r in recv.values())

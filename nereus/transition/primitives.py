@@ -123,7 +123,7 @@ def overlap(a: Region, b: Region) -> float:
     return dt * dp if dt > 0 and dp > 0 else 0.0
 
 
-def _gather(
+def gather_transfers(
     need: dict[int, Region], have: dict[int, Region], holders: list[dict[int, Region]],
     state_bytes: int,
 ) -> list[Transfer]:
@@ -194,9 +194,17 @@ class Split:
     def _transfers(self) -> tuple[Transfer, ...]:
         """Each GPU gathers the part of its new shard it lacks from the unit's other GPUs."""
         lay, sub = self.src.layout, self.into[0].layout
+        if self.grouping == "interleaved" or not groupings_differ(lay, sub):
+            # position-wise all-gather: every block member sends its whole shard to the others
+            part = round(self.state_bytes / lay.size)
+            out: list[Transfer] = []
+            for pos in range(sub.size):
+                block = [u.gpus[pos] for u in self.into]
+                out += [Transfer(a, b, part) for a in block for b in block if a != b]
+            return tuple(out)
         have = {g: region(lay, i) for i, g in enumerate(self.src.gpus)}
         need = {g: region(sub, i) for u in self.into for i, g in enumerate(u.gpus)}
-        return tuple(_gather(need, have, [have], self.state_bytes))
+        return tuple(gather_transfers(need, have, [have], self.state_bytes))
 
     def peak_bytes(self) -> dict[int, int]:
         """Source shard kept until the collective finishes, plus the gathered shard."""
@@ -251,7 +259,7 @@ class Merge:
         for g, want in need.items():
             # take from the replica that is not this GPU's own (it lacks exactly this part)
             others = [h for h in holders if g not in h] or holders
-            out += _gather({g: want}, {g: have[g]}, others, self.state_bytes)
+            out += gather_transfers({g: want}, {g: have[g]}, others, self.state_bytes)
         return tuple(out)
 
     def peak_bytes(self) -> dict[int, int]:
