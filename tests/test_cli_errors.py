@@ -23,6 +23,7 @@ def bad_files(tmp_path: Path) -> dict[str, str]:
         "unknown_key": Path(EXAMPLE).read_text().replace("gpus_per_node: 8", "gpu_per_node: 8"),
         "zero_gpus": Path(EXAMPLE).read_text().replace("gpus_per_node: 8", "gpus_per_node: 0"),
         "list": "- 1\n- 2\n",
+        "grpo_critic": Path(EXAMPLE).read_text().replace("algorithm: ppo", "algorithm: grpo"),
     }
     out = {}
     for name, text in files.items():
@@ -62,6 +63,8 @@ BAD_CALLS: list[tuple[list[str], str]] = [
     (["plan", "{invalid}"], "not valid YAML"),
     (["plan", "{list}"], "is a list; must be a YAML mapping"),
     (["plan", "{zero_gpus}"], "cluster.gpus_per_node=0: must be a positive integer"),
+    (["plan", "{grpo_critic}", "--model", "qwen3-14b"], "models.critic='llama-3.1-8b': not used: grpo"),
+    (["plan", "{zero_gpus}", "--gpus", "16"], "cluster.gpus_per_node=0"),
     (["config"], "required: ACTION"),
     (["config", "check"], "required: FILE"),
     (["config", "check", EXAMPLE, EXAMPLE], "unrecognized arguments"),

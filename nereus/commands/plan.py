@@ -113,7 +113,7 @@ def plan_pool(args: argparse.Namespace, setup: Any) -> tuple[int, ...] | None:
 def _flag_error(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
     """The same error named after the flag, when a flag set the field."""
     flag = FLAG_OF_FIELD.get(exc.field)
-    if flag is not None and getattr(args, FLAG_DEST[flag]) is not None:
+    if flag is not None and getattr(args, FLAG_DEST[flag]) == exc.value:
         return ConfigError(flag, exc.value, exc.rule)
     return exc
 
