@@ -152,13 +152,8 @@ def _handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "plan", help="find the fastest memory-feasible execution plan",
-        description="Plan an RL job. Flags override CONFIG; without CONFIG a built-in PPO job "
-        "(docs/config.md) is planned.",
-    )
-    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that override a config's job and cluster (shared with ``nereus simulate``)."""
     p.add_argument("--model", metavar="NAME", help="preset for actor, reference and (ppo) critic")
     p.add_argument("--gpu", metavar="NAME", help="GPU preset (h200, a100-64gb, mi250x-gcd, cpu)")
     p.add_argument(
@@ -174,6 +169,16 @@ def register(subparsers: Any) -> None:
         p.add_argument(flag, type=int, dest=dest, metavar=metavar, help=text)
     p.add_argument("--algo", choices=("ppo", "grpo", "remax"), help="RL algorithm")
     p.add_argument("--mode", choices=("sync", "async"), help="synchronous or asynchronous RL")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="find the fastest memory-feasible execution plan",
+        description="Plan an RL job. Flags override CONFIG; without CONFIG a built-in PPO job "
+        "(docs/config.md) is planned.",
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
+    add_job_flags(p)
     p.add_argument("--search", choices=SEARCH_METHODS, default="dp", help="plan search method")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_handler)
