@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "nereus.commands.config_check",
     "nereus.commands.inventory",
     "nereus.commands.report",
+    "nereus.commands.simulate",
 )
 
 

@@ -1,0 +1,116 @@
+"""``nereus simulate [CONFIG] --gpu-trace FILE --length-trace FILE --steps N --policy P``.
+
+Runs the real controller, planner and transition-DAG code over a virtual cluster whose GPU pool
+follows a trace (spot-trace or fault-trace JSON) and whose generated length follows a CSV trace
+(``step,mean,p95``) or a built-in paper trace (``paper:25-step``, ``paper:1000-step``). True step
+times come from the cost model with hidden efficiencies and noise, so calibration must learn them.
+Also takes ``nereus plan``'s model and cluster flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from nereus.errors import ConfigError
+
+
+def _progress(enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except Exception:
+        return None
+    bar = None
+
+    def tick(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc="simulate", unit="step", file=sys.stderr, leave=False)
+        bar.update(1)
+        if done == total:
+            bar.close()
+
+    return tick
+
+
+def load_gpu_trace(path: str, gpus_per_trace_node: int, max_gpus: int, fault_nodes: int) -> Any:
+    from nereus.sim.traces import load_fault_trace, load_spot_trace
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError as exc:
+        raise ConfigError("--gpu-trace", path, f"must be a readable file ({exc.strerror})") from None
+    if head.startswith(b"["):
+        return load_fault_trace(path, fault_nodes, gpus_per_trace_node)
+    return load_spot_trace(path, gpus_per_trace_node, max_gpus)
+
+
+def load_lengths(spec: str) -> Any:
+    from nereus.sim.traces import load_length_trace, paper_length_trace
+
+    if spec.startswith("paper:"):
+        return paper_length_trace(spec.split(":", 1)[1])
+    return load_length_trace(spec)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    from nereus.commands.plan import build_setup
+    from nereus.cost.calibration import default_calibration
+    from nereus.sim.engine import SimConfig, simulate
+    from nereus.sim.truth import HiddenTruth, conservative_calibration, hidden_calibration
+
+    if args.gpus_per_trace_node <= 0:
+        raise ConfigError("--gpus-per-trace-node", args.gpus_per_trace_node, "must be a positive integer")
+    setup = build_setup(args)
+    max_gpus = args.max_gpus if args.max_gpus is not None else setup.cluster.num_gpus
+    if max_gpus <= 0:
+        raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
+    trace = load_gpu_trace(args.gpu_trace, args.gpus_per_trace_node, max_gpus, setup.cluster.nodes)
+    lengths = load_lengths(args.length_trace)
+    cfg = SimConfig(steps=args.steps, policy=args.policy, gamma=args.gamma, every_k=args.every_k, seed=args.seed)
+    gpu = setup.cluster.gpu
+    truth = HiddenTruth(hidden_calibration(default_calibration(), gpu, args.seed), args.noise, args.seed)
+    start = conservative_calibration(gpu.name) if args.conservative_start else default_calibration()
+    result = simulate(setup, trace, lengths, cfg, truth, start, progress=_progress(not args.json))
+    if args.json:
+        print(json.dumps(result.summary()))
+        return 0
+    print(f"policy {result.policy}: {result.steps} steps, mean step {result.mean_step_s:.2f} s "
+          f"(transitions included), total {result.total_s:.1f} s")
+    print(f"transitions: {result.transitions}, {result.transition_s:.2f} s "
+          f"({100 * result.transition_s / max(result.total_s, 1e-9):.3f}% of run time); "
+          f"waited {result.wait_s:.0f} s for GPUs")
+    for r in result.records:
+        if r.event:
+            print(f"  step {r.step:5d}  {r.pool_gpus:4d} GPUs  len {r.gen_len:7.1f}  "
+                  f"{r.event:10s} {r.transition_s:8.2f} s  {r.plan}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    from nereus.commands.plan import add_job_flags
+    from nereus.sim.engine import POLICIES
+
+    p = subparsers.add_parser("simulate", help="simulate an adaptive run over GPU and length traces")
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
+    add_job_flags(p)
+    p.add_argument("--gpu-trace", required=True, dest="gpu_trace", help="spot-trace or fault-trace JSON")
+    p.add_argument("--length-trace", required=True, dest="length_trace",
+                   help="CSV step,mean,p95 or paper:25-step | paper:1000-step")
+    p.add_argument("--steps", type=int, required=True, help="steps to simulate")
+    p.add_argument("--policy", choices=POLICIES, default="nereus")
+    p.add_argument("--gamma", type=float, default=0.5, help="payback fraction γ (nereus policy)")
+    p.add_argument("--every-k", type=int, default=10, dest="every_k", help="k of the every-k policy")
+    p.add_argument("--gpus-per-trace-node", type=int, default=8, dest="gpus_per_trace_node")
+    p.add_argument("--max-gpus", type=int, dest="max_gpus", help="cap on the pool (default: cluster size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise", type=float, default=0.02, help="relative noise of true step times")
+    p.add_argument("--conservative-start", action="store_true", dest="conservative_start",
+                   help="start calibration at 0.3 of peak for every op class")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_handler)

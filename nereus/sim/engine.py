@@ -1,0 +1,267 @@
+"""The trace-driven simulator: the real controller, planner and DAG code over a virtual cluster.
+
+Each simulated step: read the GPU pool at the current simulated wall-clock time from the GPU
+trace and the generated length from the length trace; let the policy decide (and pay for) a
+transition; run the step, whose true time comes from :class:`~nereus.sim.truth.HiddenTruth`;
+feed the profiler's samples to calibration. When the pool is empty the job waits (``wait_s``,
+not counted as step time).
+
+Policies:
+- ``nereus``: the controller of §2.1 (triggers, urgent/opportunistic admission with γ);
+- ``dynarl``: the same triggers, admitting any ΔL > 0 (DynaRL-style);
+- ``static``: the initial TP/PP of every model-stage kept, DP scaled to the pool (verl/OpenRLHF);
+- ``every-k``: switch to the planner's target every k steps;
+- ``oracle``: the best plan for the true efficiencies at every step, transitions free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from nereus.control.admission import Admission
+from nereus.control.controller import ControllerState, controller_step
+from nereus.control.planner_port import SearchPort, plan_step_s, setup_for
+from nereus.control.signals import Observation
+from nereus.cost.calibration import Calibration
+from nereus.errors import ConfigError
+from nereus.sim.traces import GpuTrace, LengthTrace
+from nereus.sim.truth import HiddenTruth
+from nereus.spec.job import Setup
+from nereus.spec.plan import ExecutionPlan
+from nereus.transition.primitives import ADAM_FP32_BYTES_PER_PARAM
+
+POLICIES = ("nereus", "static", "dynarl", "every-k", "oracle")
+# Checkpoint/restart (when no transition DAG exists): relaunch and engine start-up, plus writing
+# and reading the whole logical state through the parallel filesystem at this rate.
+RESTART_BASE_S = 120.0
+RESTART_STORAGE_GBPS = 5.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    steps: int
+    policy: str = "nereus"
+    gamma: float = 0.5
+    every_k: int = 10
+    seed: int = 0
+    max_wait_s: float = 30 * 86400.0  # give up when the pool stays empty this long
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError("--policy", self.policy, f"must be one of {', '.join(POLICIES)}")
+        if self.steps <= 0:
+            raise ConfigError("--steps", self.steps, "must be a positive integer")
+        if self.gamma < 0:
+            raise ConfigError("--gamma", self.gamma, "must be >= 0")
+        if self.every_k <= 0:
+            raise ConfigError("--every-k", self.every_k, "must be a positive integer")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    clock_s: float
+    pool_gpus: int
+    gen_len: float
+    step_s: float
+    predicted_step_s: float
+    transition_s: float
+    event: str  # "", "initial", "transition", "restart", "rejected", ...
+    plan: str  # e.g. "actor-train=(dp,tp,pp) ..."
+    max_gpu_id: int  # highest GPU id the plan uses
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    steps: int
+    mean_step_s: float
+    total_s: float
+    transitions: int
+    transition_s: float
+    wait_s: float
+    records: tuple[StepRecord, ...]
+    final_calibration: Calibration
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "steps": self.steps,
+            "mean_step_s": self.mean_step_s,
+            "total_s": self.total_s,
+            "transitions": self.transitions,
+            "transition_s": self.transition_s,
+        }
+
+
+def plan_label(plan: ExecutionPlan) -> str:
+    return " ".join(f"{sp.name}=({sp.dp},{sp.tp},{sp.pp})" for sp in plan.stages)
+
+
+def restart_s(setup: Setup) -> float:
+    wf = setup.job.workflow
+    state = 0
+    for ms in wf.model_stages:
+        params = setup.job.model(ms.role).num_params()
+        state += params * (setup.job.dtype_bytes + (ADAM_FP32_BYTES_PER_PARAM if ms.trainable else 0))
+    return RESTART_BASE_S + 2 * state / (RESTART_STORAGE_GBPS * 1e9)
+
+
+class _Clock:
+    def __init__(self, trace: GpuTrace, num_gpus: int, max_wait_s: float) -> None:
+        self.trace = trace
+        self.num_gpus = num_gpus
+        self.max_wait_s = max_wait_s
+        self.t_s = 0.0
+        self.wait_s = 0.0
+
+    def pool(self) -> tuple[int, ...]:
+        """GPUs available now (ids 0..n−1); waits while none are."""
+        waited = 0.0
+        while True:
+            n = min(self.trace.at(self.t_s), self.num_gpus)
+            if n > 0:
+                return tuple(range(n))
+            nxt = [t for t in self.trace.times_s if t > self.t_s]
+            if not nxt or waited > self.max_wait_s:
+                raise ConfigError("--gpu-trace", "empty pool", "no GPUs available for the rest of the trace")
+            waited += nxt[0] - self.t_s
+            self.wait_s += nxt[0] - self.t_s
+            self.t_s = nxt[0]
+
+    def wait_for_change(self) -> None:
+        """Advance to the next change of the trace (the job waits without a feasible plan)."""
+        now = self.trace.at(self.t_s)
+        for t in self.trace.times_s:
+            if t > self.t_s and self.trace.at(t) != now:
+                self.wait_s += t - self.t_s
+                self.t_s = t
+                return
+        raise ConfigError("--gpu-trace", f"{now} GPUs", "no feasible plan on the pool left for the rest of the trace")
+
+
+def _controller_outcome(
+    adm: Admission | None, plan: ExecutionPlan | None, truth: HiddenTruth, step: int, restart_cost: float
+) -> tuple[str, float, ExecutionPlan | None]:
+    if adm is None:
+        return "", 0.0, plan
+    if adm.admitted and adm.target is not None:
+        if plan is None:
+            return "initial", 0.0, adm.target
+        if adm.path == "restart":
+            return "restart", restart_cost, adm.target
+        return "transition", truth.transition_s(adm.transition_s, step), adm.target
+    return ("rejected" if adm.path == "opportunistic" else "infeasible"), 0.0, plan
+
+
+def _baseline_outcome(
+    cfg: SimConfig,
+    port: SearchPort,
+    obs: Observation,
+    plan: ExecutionPlan | None,
+    layouts: dict[str, tuple[int, int]] | None,
+    truth: HiddenTruth,
+    step: int,
+    restart_cost: float,
+) -> tuple[str, float, ExecutionPlan | None]:
+    """static, every-k and oracle: when to switch and to what."""
+    current_ok = plan is not None and port.evaluate(plan, obs).feasible
+    found: tuple[ExecutionPlan, float] | None = None
+    if cfg.policy == "oracle":
+        found = replace(port, calib=truth.calibration).search(obs)
+    elif cfg.policy == "every-k":
+        if not current_ok or step % cfg.every_k == 0:
+            found = port.search(obs)
+    elif not current_ok:  # static: re-fit DP on the fixed TP/PP layouts
+        found = replace(port, layouts=layouts).search(obs)
+        if found is None and layouts is not None:
+            found = port.search(obs)  # the fixed layouts no longer fit at all
+    if found is None or found[0] == plan:
+        return "", 0.0, plan
+    target = found[0]
+    if plan is None:
+        return "initial", 0.0, target
+    if cfg.policy == "oracle":
+        return "transition", 0.0, target
+    pred = port.transition_s(plan, target)
+    if pred is None:
+        return "restart", restart_cost, target
+    return "transition", truth.transition_s(pred, step), target
+
+
+def simulate(
+    setup: Setup,
+    gpu_trace: GpuTrace,
+    lengths: LengthTrace,
+    cfg: SimConfig,
+    truth: HiddenTruth,
+    start_calibration: Calibration,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Run ``cfg.steps`` steps of ``cfg.policy``; deterministic for its inputs."""
+    gpu = setup.cluster.gpu
+    spec = setup.job.controller
+    if cfg.policy == "dynarl":
+        spec = replace(spec, gamma=float("inf"))
+    else:
+        spec = replace(spec, gamma=cfg.gamma)
+    clock = _Clock(gpu_trace, setup.cluster.num_gpus, cfg.max_wait_s)
+    calib = start_calibration
+    state = ControllerState()
+    plan: ExecutionPlan | None = None
+    layouts: dict[str, tuple[int, int]] | None = None
+    records: list[StepRecord] = []
+    transitions = 0
+    transition_total = 0.0
+    restart_cost = restart_s(setup)
+
+    for step in range(cfg.steps):
+        while True:
+            pool = clock.pool()
+            lp = lengths.at(step)
+            effs = tuple(sorted((op.value, calib.efficiency(gpu, op)) for op, _, _ in truth.op_samples(gpu, step)))
+            obs = Observation(step, lp.mean, lp.p95, pool, efficiencies=effs)
+            port = SearchPort(setup, calib, pool=pool)
+            if cfg.policy in ("nereus", "dynarl"):
+                state, d = controller_step(state, obs, spec, port)
+                adm = d.admission
+                event, trans_s, new_plan = _controller_outcome(adm, plan, truth, step, restart_cost)
+            else:
+                event, trans_s, new_plan = _baseline_outcome(cfg, port, obs, plan, layouts, truth, step, restart_cost)
+                if event == "initial" and cfg.policy == "static" and new_plan is not None:
+                    layouts = {sp.name: (sp.tp, sp.pp) for sp in new_plan.stages}
+            if new_plan is not None and port.evaluate(new_plan, obs).feasible:
+                plan = new_plan
+                break
+            # No feasible plan on this pool: the job checkpoints and waits for the pool to change.
+            clock.wait_for_change()
+        assert plan is not None
+        if event in ("transition", "restart"):
+            transitions += 1
+            transition_total += trans_s
+        s_now = setup_for(setup, obs)
+        predicted = plan_step_s(s_now, plan, calib)
+        step_s, _ = truth.step_s(s_now, plan, step)
+        records.append(StepRecord(
+            step, clock.t_s, len(pool), lp.mean, step_s, predicted, trans_s, event,
+            plan_label(plan), max(g for sp in plan.stages for g in sp.gpus),
+        ))
+        clock.t_s += trans_s + step_s
+        for op, ideal_s, measured_s in truth.op_samples(gpu, step):
+            calib = calib.with_time_sample(gpu, op, ideal_s, measured_s, spec.calibration_alpha)
+        if progress is not None:
+            progress(step + 1, cfg.steps)
+
+    total_s = sum(r.step_s for r in records) + transition_total
+    return SimResult(
+        policy=cfg.policy,
+        steps=cfg.steps,
+        mean_step_s=total_s / cfg.steps,  # transitions included: what a step costs on average
+        total_s=total_s,
+        transitions=transitions,
+        transition_s=transition_total,
+        wait_s=clock.wait_s,
+        records=tuple(records),
+        final_calibration=calib,
+    )
