@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import queue
@@ -98,12 +99,14 @@ class GlooPool:
         for p in self.procs:
             p.start()
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 180.0,
+            dying: tuple[int, ...] = ()) -> list[Any]:
+        """Run ``fn`` on every rank; ranks in ``dying`` are expected to exit without a result."""
         for q in self.jobs:
             q.put((fn, args))
         out: list[Any] = [None] * self.world
         errors = []
-        for _ in range(self.world):
+        for _ in range(self.world - len(dying)):
             try:
                 rank, ok, value = self.results.get(timeout=timeout_s)
             except queue.Empty:
@@ -132,3 +135,21 @@ class GlooPool:
             p.join(timeout=20)
             if p.is_alive():
                 p.kill()
+
+
+_POOLS: dict[int, GlooPool] = {}
+
+
+def shared_pool(world: int) -> GlooPool:
+    """One pool per world size for the whole pytest session (spawning ranks is the slow part)."""
+    if world not in _POOLS:
+        _POOLS[world] = GlooPool(world)
+        atexit.register(_POOLS[world].close)
+    return _POOLS[world]
+
+
+def discard_pool(world: int) -> None:
+    """Kill a pool whose ranks can no longer agree (e.g. after a rank was killed on purpose)."""
+    pool = _POOLS.pop(world, None)
+    if pool is not None:
+        pool._kill()

@@ -91,7 +91,7 @@ def _units(layout: Layout, world: int) -> list[Emu]:
 
 
 def _megatron_metadata(rank: int, world: int, store: Any) -> list[Any]:
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+    from megatron_meta import megatron_parts
 
     from nereus.engines.megatron_model import build_gpt
     from nereus.runtime.groups import unit_groups
@@ -103,53 +103,20 @@ def _megatron_metadata(rank: int, world: int, store: Any) -> list[Any]:
             groups = unit_groups(emu, rank, 60.0)
             if groups is None:
                 continue
-            pos = emu.gpus.index(rank)
-            pp_rank, tp_rank = divmod(pos, layout.tp)
+            pp_rank, tp_rank = divmod(emu.gpus.index(rank), layout.tp)
             model = build_gpt(spec, layout.tp, layout.pp, pp_rank, groups)
             local = model.state_dict()
-            sd = model.sharded_state_dict(metadata={"dp_cp_group": groups.solo})
-            rows = []
-            for key, item in sd.items():
-                if isinstance(item, ShardedTensorFactory):
-                    parts = item.build()
-                elif isinstance(item, ShardedTensor):
-                    parts = [item]
-                else:
-                    continue
-                pieces = []
-                row0 = 0
-                for sh in parts:
-                    k = sh.prepend_axis_num
-                    # Our logical name: the local key with the global layer index (Megatron's
-                    # checkpoint key may differ, e.g. input_layernorm → linear_qkv.layer_norm_*).
-                    gname = key
-                    if k:
-                        local_layer = key.split(".")[2]
-                        gname = key.replace(f"decoder.layers.{local_layer}.",
-                                            f"decoder.layers.{sh.global_offset[0]}.", 1)
-                    lshape = tuple(sh.local_shape)  # excludes the prepended layer axis
-                    if not lshape:
-                        raise AssertionError(f"0-d sharded tensor {key}: {sh}")
-                    gstart = tuple(sh.global_offset[k:])
-                    lstart = (row0,) + (0,) * (len(lshape) - 1)
-                    pieces.append((
-                        lstart, tuple(a + b for a, b in zip(lstart, lshape, strict=True)),
-                        gstart, tuple(a + b for a, b in zip(gstart, lshape, strict=True)),
-                        tuple(sh.global_shape[k:]), sh.global_shape[0] if k else None,
-                    ))
-                    row0 += lshape[0]
-                replica = any(int(r) != 0 for r in (parts[0].replica_id if isinstance(
-                    parts[0].replica_id, tuple) else (parts[0].replica_id,)))
-                rows.append((gname, key, tuple(local[key].shape), tuple(pieces), replica))
+            rows = [(gname, key, tuple(local[key].shape), tuple(parts), replica)
+                    for key, (gname, parts, replica) in megatron_parts(model, groups.solo).items()]
             out.append((name, layout, pp_rank, tp_rank, rows))
     return out
 
 
 @pytest.mark.slow
 def test_rules_match_megatron_sharded_state_dict() -> None:
-    from gloo_harness import run_ranks
+    from gloo_harness import shared_pool
 
-    results = run_ranks(_megatron_metadata, 4)
+    results = shared_pool(4).run(_megatron_metadata)
     seen = 0
     for per_rank in results:
         for name, layout, pp_rank, tp_rank, rows in per_rank:
@@ -163,11 +130,10 @@ def test_rules_match_megatron_sharded_state_dict() -> None:
                 assert s.local_shape == shape
                 assert s.tp_replica == replica, (key, layout, tp_rank)
                 assert len(s.pieces) == len(pieces), key
-                for ours_piece, (ls, le, gs, ge, gshape, nlayers) in zip(s.pieces, pieces,
-                                                                       strict=True):
+                for ours_piece, (ls, le, gs, ge, nlayers) in zip(s.pieces, pieces, strict=True):
                     assert ours_piece.local == Box(ls, le), key
                     assert ours_piece.global_ == Box(gs, ge), key
-                    assert globals_[gname].global_shape == gshape
+                    assert Box.of_shape(globals_[gname].global_shape).contains(Box(gs, ge))
                     assert nlayers in (None, spec.num_layers)
                 seen += 1
     assert seen > 100

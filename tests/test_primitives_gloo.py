@@ -8,7 +8,7 @@ and compared bit for bit with the original.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import time
 from typing import Any
 
 import numpy as np
@@ -133,13 +133,11 @@ def sequences(draw: st.DrawFn) -> tuple[Emu, list[Any]]:
     return Emu("actor-train", "s", lay, tuple(range(lay.size))), ops
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Any]:
-    from gloo_harness import GlooPool
+@pytest.fixture
+def pool() -> Any:
+    from gloo_harness import shared_pool
 
-    p = GlooPool(WORLD)
-    yield p
-    p.close()
+    return shared_pool(WORLD)
 
 
 def _all_four() -> tuple[Emu, list[Any]]:
@@ -183,3 +181,202 @@ def test_random_sequences_preserve_state_bit_for_bit(pool: Any, seq: tuple[Emu, 
             for f in want:
                 for name, arr in want[f].items():
                     assert np.array_equal(got[f][name], arr), (i, emu, f, name)
+
+
+# ---- one training step after Split / Merge vs a model built directly in the target layout ----
+
+
+def _batch(seed: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, SPEC.vocab_size, (2, 16), generator=g)
+    return tokens, torch.roll(tokens, -1, dims=1)
+
+
+def _train_compare(rank: int, world: int, store: Any, run_id: int, seed: int) -> dict[str, Any]:
+    import torch.distributed as dist
+    from megatron_meta import load_via_megatron
+
+    from nereus.runtime.primitives import Executor
+    from nereus.runtime.state import Counters, load_global
+    from nereus.runtime.train import train_step
+
+    ex = Executor(SPEC, rank, store, f"train{run_id}", timeout_s=30.0)
+    glob = global_state(seed)
+    first = Emu("actor-train", "s", Layout(2, 1), (0, 1))
+    ex.create(first, counters=Counters(*COUNTERS), step=STEP)
+    if first in ex.units:
+        load_global(ex.units[first], glob)
+    out: dict[str, Any] = {}
+    # Split tp2 → two tp1 units; the direct tp1 model on GPU 2 is loaded through Megatron.
+    s = split(SPEC, first, Layout(1, 1))
+    ex.split(s)
+    direct1 = Emu("actor-train", "direct", Layout(1, 1), (2,))
+    ex.create(direct1, counters=Counters(*COUNTERS), step=STEP)
+    if direct1 in ex.units:
+        load_via_megatron(ex.units[direct1], glob)
+    tokens, labels = _batch(seed)
+    for emu in (*s.results, direct1):
+        if emu in ex.units:
+            train_step(ex.units[emu], tokens, labels)
+    out["after_split"] = _snapshot(ex)
+    # Merge the two trained tp1 replicas → tp2; the direct tp2 model on GPUs 2,3 is loaded from
+    # the same (trained) state, taken from the direct tp1 unit on GPU 2 (tp1·pp1 = whole model).
+    m = merge(SPEC, list(s.results), Layout(2, 1))
+    ex.merge(m)
+    box: list[Any] = [None]
+    if rank == 2:
+        snap = ex.units[direct1].snapshot()  # local keys are the logical names at tp1·pp1
+        box[0] = snap
+    dist.broadcast_object_list(box, src=2)
+    trained = box[0]
+    direct2 = Emu("actor-train", "direct2", Layout(2, 1), (2, 3))
+    ex.create(direct2, counters=Counters(*COUNTERS), step=STEP + 1)
+    if direct2 in ex.units:
+        load_via_megatron(ex.units[direct2], trained)
+    tokens, labels = _batch(seed + 1)
+    for emu in (m.result, direct2, direct1):
+        if emu in ex.units:
+            train_step(ex.units[emu], tokens, labels)
+    out["after_merge"] = _snapshot(ex)
+    return out
+
+
+def test_training_step_after_split_and_merge_matches_direct_build(pool: Any) -> None:
+    res = pool.run(_train_compare, next(RUN_IDS), 5)
+    # After Split: the tp1 unit on GPU 0 vs the direct tp1 model on GPU 2. Same layout ⇒ the same
+    # kernels in the same reduction order ⇒ bit-identical (tolerance 0).
+    split0 = Emu("actor-train", "s", Layout(1, 1), (0,))
+    direct1 = Emu("actor-train", "direct", Layout(1, 1), (2,))
+    got, want = res[0]["after_split"][split0][1], res[2]["after_split"][direct1][1]
+    for f in want:
+        for k in want[f]:
+            assert np.array_equal(got[f][k], want[f][k]), ("split", f, k)
+    # After Merge: the merged tp2 unit on GPUs 0,1 vs the direct tp2 model on GPUs 2,3, position
+    # by position: bit-identical for the same reason.
+    merged = Emu("actor-train", "s", Layout(2, 1), (0, 1))
+    direct2 = Emu("actor-train", "direct2", Layout(2, 1), (2, 3))
+    for gpu_m, gpu_d in ((0, 2), (1, 3)):
+        got, want = res[gpu_m]["after_merge"][merged][1], res[gpu_d]["after_merge"][direct2][1]
+        for f in want:
+            for k in want[f]:
+                assert np.array_equal(got[f][k], want[f][k]), ("merge", f, k)
+    # Across layouts (tp2 merged vs tp1 direct, one more step) only the reduction order differs
+    # (row-parallel partial sums all-reduced over tp, vocab-sharded logits): fp32 rounding of
+    # ~1e-7 relative in the gradients, which Adam (lr 1e-3) turns into parameter differences
+    # far below 1e-5. The tp1 copy of the logical state is compared with atol 1e-5.
+    tp2, _ = assemble(merged, [r["after_merge"] for r in res])
+    tp1 = res[2]["after_merge"][direct1][1]
+    diffs = [float(np.max(np.abs(tp2["param"][k] - tp1["param"][k]))) for k in tp1["param"]]
+    assert max(diffs) < 1e-5
+    assert max(diffs) > 0 or True  # equality is allowed; the bound is what is claimed
+
+
+# ---- per-step actor weight sync: actor-train (tp2) → actor-gen (two tp1 replicas) ----
+
+
+def _weight_sync(rank: int, world: int, store: Any, run_id: int, seed: int) -> list[Any]:
+    from nereus.emu.primitives import weight_sync
+    from nereus.runtime.primitives import Executor
+    from nereus.runtime.state import load_global
+    from nereus.runtime.train import train_step
+
+    ex = Executor(SPEC, rank, store, f"sync{run_id}", timeout_s=30.0)
+    train = Emu("actor-train", "s", Layout(2, 1), (0, 1))
+    gens = [Emu("actor-gen", "g", Layout(1, 1), (2,)), Emu("actor-gen", "g", Layout(1, 1), (3,))]
+    for e in (train, *gens):
+        ex.create(e)
+    if train in ex.units:
+        load_global(ex.units[train], global_state(seed))
+    plan = weight_sync(SPEC, [train], gens)
+    snaps = []
+    for step in range(2):
+        if step and train in ex.units:
+            train_step(ex.units[train], *_batch(seed + step))
+        ex.weight_sync(plan)
+        snaps.append(_snapshot(ex))
+    return snaps
+
+
+def test_weight_sync_train_to_gen_layout(pool: Any) -> None:
+    from nereus.emu.primitives import weight_sync
+
+    train = Emu("actor-train", "s", Layout(2, 1), (0, 1))
+    gens = [Emu("actor-gen", "g", Layout(1, 1), (2,)), Emu("actor-gen", "g", Layout(1, 1), (3,))]
+    plan = weight_sync(SPEC, [train], gens)
+    assert plan.bytes_moved == plan.bytes_min > 0 and plan.fields == 1
+    res = pool.run(_weight_sync, next(RUN_IDS), 9)
+    for step in range(2):
+        snaps = [r[step] for r in res]
+        want, _ = assemble(train, snaps)
+        for gen in gens:
+            got = snaps[gen.gpus[0]][gen][1]
+            for name in want["param"]:
+                assert np.array_equal(got["param"][name], want["param"][name]), (step, name)
+                assert not got["exp_avg"][name].any()  # gen units hold no optimizer state
+    assert not np.array_equal(assemble(train, [r[0] for r in res])[0]["param"]["output_layer.weight"],
+                              assemble(train, [r[1] for r in res])[0]["param"]["output_layer.weight"])
+
+
+# ---- a rank that hangs and dies during a primitive: survivors raise CommunicationError when
+# the transition timeout expires (not when the peer's socket closes), sources intact ----
+
+KILL_TIMEOUT_S = 5.0
+
+
+def _killed_during_split(rank: int, world: int, store: Any, run_id: int, seed: int) -> Any:
+    import os
+
+    import nereus.runtime.primitives as rp
+    from nereus.errors import CommunicationError
+    from nereus.runtime.state import load_global
+
+    ex = rp.Executor(SPEC, rank, store, f"kill{run_id}", timeout_s=KILL_TIMEOUT_S)
+    source = Emu("actor-train", "s", Layout(2, 2), (0, 1, 2, 3))
+    ex.create(source, step=STEP)
+    load_global(ex.units[source], global_state(seed))
+    real = rp.execute_plan
+
+    def dying(*args: Any, **kwargs: Any) -> Any:
+        if rank == world - 1:  # with the transfer group joined: hang past the timeout, then die
+            time.sleep(KILL_TIMEOUT_S + 3.0)
+            os._exit(1)
+        return real(*args, **kwargs)
+
+    rp.execute_plan = dying
+    t0 = time.monotonic()
+    try:
+        ex.split(split(SPEC, source, Layout(1, 1)))
+        return ("no error", time.monotonic() - t0, None)
+    except CommunicationError as e:
+        return (str(e), time.monotonic() - t0, _snapshot(ex))
+    finally:
+        rp.execute_plan = real
+
+
+def test_killed_rank_gives_communication_error_and_intact_sources(pool: Any) -> None:
+    from gloo_harness import discard_pool
+
+    try:
+        res = pool.run(_killed_during_split, next(RUN_IDS), 3, dying=(WORLD - 1,))
+    finally:
+        discard_pool(WORLD)  # the dead rank is gone from the job's default group
+    source = Emu("actor-train", "s", Layout(2, 2), (0, 1, 2, 3))
+    want = global_state(3)
+    for rank, r in enumerate(res[:-1]):
+        msg, elapsed_s, snap = r
+        assert msg != "no error" and f"rank {rank}" in msg, msg
+        assert KILL_TIMEOUT_S - 1.0 < elapsed_s < KILL_TIMEOUT_S + 10.0, elapsed_s
+        assert set(snap) == {source}  # no half-built unit installed; the source is kept
+        (pp_rank, tp_rank), arrays, _, step = snap[source]
+        assert step == STEP
+        for s in shards_at(SPEC, source.layout, pp_rank, tp_rank):
+            for f in arrays:
+                for pc in s.pieces:
+                    lo = tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
+                                                           strict=True))
+                    g = tuple(slice(a, b) for a, b in zip(pc.global_.start, pc.global_.stop,
+                                                          strict=True))
+                    assert np.array_equal(arrays[f][s.local_key][lo], want[f][s.tensor][g])
+    assert res[-1] is None

@@ -133,7 +133,6 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
         pre_process=pp_rank == 0,
         post_process=pp_rank == pp - 1,
         share_embeddings_and_output_weights=spec.tie_embeddings,
-        parallel_output=False,  # logits gathered over tp: the loss needs no Megatron globals
         position_embedding_type="learned_absolute",
         pg_collection=pgs,
     )

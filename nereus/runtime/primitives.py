@@ -103,7 +103,7 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
         except (RuntimeError, dist.DistError) as e:
             first = str(e).splitlines()[0] if str(e) else repr(e)
             raise CommunicationError(
-                f"rank {global_rank}: {current} failed within {group.timeout_s:g} s: {first}"
+                f"rank {global_rank}: {current} failed (timeout {group.timeout_s:g} s): {first}"
             ) from e
     with torch.no_grad():
         for m in plan.sends(global_rank, global_rank):
