@@ -29,6 +29,7 @@ from nereus.errors import InfeasiblePlanError
 from nereus.plan.candidates import granule, powers_of_two
 from nereus.spec.job import Setup
 from nereus.spec.plan import Candidate, ExecutionPlan, StagePlan
+from nereus.spec.workflow import Workflow
 
 
 def _lane_envelope(
@@ -84,10 +85,18 @@ def _take(
     return None
 
 
-def assign(setup: Setup, choice: Mapping[str, Candidate], pool: Sequence[int]) -> ExecutionPlan:
-    """Place every chosen candidate on ``pool``; ``InfeasiblePlanError`` if it cannot fit."""
+def assign(
+    setup: Setup,
+    choice: Mapping[str, Candidate],
+    pool: Sequence[int],
+    workflow: Workflow | None = None,
+) -> ExecutionPlan:
+    """Place every chosen candidate on ``pool``; ``InfeasiblePlanError`` if it cannot fit.
+
+    ``workflow``: ``setup.job.workflow``, if the caller has it built already.
+    """
     gpn = setup.cluster.gpus_per_node
-    wf = setup.job.workflow
+    wf = workflow if workflow is not None else setup.job.workflow
     free: dict[int, list[int]] = {}
     for g in sorted(pool):
         free.setdefault(g // gpn, []).append(g)
@@ -138,10 +147,12 @@ def assign(setup: Setup, choice: Mapping[str, Candidate], pool: Sequence[int]) -
     return ExecutionPlan(stages)
 
 
-def placement_errors(setup: Setup, plan: ExecutionPlan, pool: Sequence[int]) -> list[str]:
+def placement_errors(
+    setup: Setup, plan: ExecutionPlan, pool: Sequence[int], workflow: Workflow | None = None
+) -> list[str]:
     """Every broken placement rule of ``plan`` on ``pool`` (empty: the plan is valid)."""
     gpn = setup.cluster.gpus_per_node
-    wf = setup.job.workflow
+    wf = workflow if workflow is not None else setup.job.workflow
     in_pool = set(pool)
     errors: list[str] = []
     if sorted(plan.names) != sorted(wf.names):

@@ -31,8 +31,12 @@ class _Front:
         self.buckets: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
 
     def add(self, d: tuple[int, ...], x: int, y: int) -> bool:
+        n = len(d)
         for bd, (xs, ys) in self.buckets.items():
-            if bd is d or all(a <= b for a, b in zip(bd, d, strict=True)):
+            if (
+                n == 0
+                or (bd[0] <= d[0] if n == 1 else all(a <= b for a, b in zip(bd, d, strict=True)))
+            ):
                 i = bisect_right(xs, x) - 1
                 if i >= 0 and ys[i] <= y:
                     return False

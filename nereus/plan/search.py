@@ -84,14 +84,15 @@ def search_plan(
         choice = _solve(problem, method, time_limit_s)
         if choice is None:
             raise InfeasiblePlanError(no_plan_reason(problem))
-        plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool_t)
-        errors = placement_errors(setup, plan, pool_t)
+        wf = problem.workflow
+        plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool_t, wf)
+        errors = placement_errors(setup, plan, pool_t, wf)
         if errors:
             raise InfeasiblePlanError(f"placement failed: {errors[0]}")
         per_gpu = gpu_memory(setup, plan, calib)
         peak = max(per_gpu.values())
         if peak <= capacity:
-            names = setup.job.workflow.names
+            names = wf.names
             return PlanResult(
                 plan=plan,
                 predicted_step_s=step_s(problem, choice),
