@@ -80,12 +80,18 @@ def explain(result: PlanResult, setup: Setup, calib: Calibration | None = None) 
     lines.append("memory: the most loaded GPU of each model-stage (persistent state of every")
     lines.append("model-stage placed there adds up; transient bytes only while it runs):")
     gpn = setup.cluster.gpus_per_node
+    shown: dict[int, str] = {}
     for sp in result.plan.stages:
         gpu = max(sp.gpus, key=lambda g: (peaks.get(g, 0), -g))
-        lines.append(
+        head = (
             f"  {sp.name}: GPU {gpu} (node {gpu // gpn}) {_gb(peaks.get(gpu, 0))} GB "
             f"of {_gb(result.capacity_bytes)} GB"
         )
+        if gpu in shown:
+            lines.append(f"{head}, as for {shown[gpu]}")
+            continue
+        shown[gpu] = sp.name
+        lines.append(head)
         for name, pp_rank in _placed_on(result, gpu):
             other = result.plan.stage(name)
             mb = rank_memory(setup, wf.by_name(name), other.candidate, calib, pp_rank)
