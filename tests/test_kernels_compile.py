@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -28,14 +29,21 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
     return proc
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (CUDA toolkit absent)")
-def test_cuda_kernels_compile_for_sm90_with_128bit_accesses(tmp_path: Path) -> None:
-    assert NVCC is not None
-    src = str(KERNELS / "cuda" / "pack.cu")
-    _run([NVCC, "-arch=sm_90", "-O3", "-Werror", "all-warnings", "-I", str(KERNELS), "-c", src,
-          "-o", str(tmp_path / "pack.o")])
-    _run([NVCC, "-arch=sm_90", "-O3", "-I", str(KERNELS), "-ptx", src, "-o", str(tmp_path / "pack.ptx")])
-    ptx = (tmp_path / "pack.ptx").read_text()
+@pytest.fixture(scope="module")
+def cuda_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kernels/cuda/pack.cu compiled for sm_90 (object and kept PTX) in a temporary folder."""
+    if NVCC is None:
+        pytest.skip("nvcc not on PATH (CUDA toolkit absent)")
+    out = tmp_path_factory.mktemp("pack_cuda")
+    _run([NVCC, "-arch=sm_90", "-O3", "-Xcompiler", "-fPIC", "-Werror", "all-warnings", "--keep",
+          "--keep-dir", str(out), "-I", str(KERNELS), "-c", str(KERNELS / "cuda" / "pack.cu"),
+          "-o", str(out / "pack.o")])
+    return out
+
+
+def test_cuda_kernels_compile_for_sm90_with_128bit_accesses(cuda_build: Path) -> None:
+    assert (cuda_build / "pack.o").stat().st_size > 0
+    ptx = "".join(p.read_text() for p in cuda_build.glob("*.ptx"))
     assert ".entry" in ptx and "nereus_pack_kernel" in ptx
     assert re.search(r"ld\.global(\.nc)?\.v4\.(u|b)32", ptx), "no 128-bit loads in the PTX"
     assert re.search(r"st\.global\.v4\.(u|b)32", ptx), "no 128-bit stores in the PTX"
@@ -52,18 +60,59 @@ def test_hip_kernels_compile_for_gfx90a(tmp_path: Path) -> None:
     assert b"gfx90a" in blob, "the object carries no gfx90a code object"
 
 
+def _cudart_dir() -> Path | None:
+    if NVCC is None:
+        return None
+    home = Path(NVCC).resolve().parent.parent
+    for lib in ("lib64", "lib", "targets/x86_64-linux/lib"):
+        if (home / lib / "libcudart.so").exists():
+            return home / lib
+    return None
+
+
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler on PATH")
-def test_torch_binding_compiles_against_torch_headers(tmp_path: Path) -> None:
-    """Syntax check of the binding shared by both builds (it needs only torch's CPU headers)."""
+def test_torch_binding_builds_and_imports(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The CUDA build of nereus._kernels, compiled and linked here against the CPU torch's
+    libraries: it imports, reports its layout, and refuses a descriptor table off the GPU.
+    Without nvcc and libcudart only the binding is compiled (syntax check)."""
     torch_ext = pytest.importorskip("torch.utils.cpp_extension")
+    import torch
+
+    from nereus.kernels import table as desc_table
+
     assert CXX is not None
     includes = [f"-I{p}" for p in torch_ext.include_paths()]
     includes += [f"-I{sysconfig.get_paths()['include']}", f"-I{KERNELS}"]
-    _run([CXX, "-std=c++20", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=_kernels", *includes,
-          str(KERNELS / "cuda" / "pack_ext.cpp")])
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = ["-std=c++20", "-DTORCH_EXTENSION_NAME=_kernels", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    binding = str(KERNELS / "cuda" / "pack_ext.cpp")
     # both builds use the one binding: the HIP build's file is the same one-include TU
     assert _code(KERNELS / "cuda" / "pack_ext.cpp").strip() == '#include "common/pack_binding.h"'
     assert _code(KERNELS / "hip" / "pack_ext.cpp").strip() == '#include "common/pack_binding.h"'
+    cudart = _cudart_dir()
+    if cudart is None:
+        _run([CXX, *flags, "-fsyntax-only", *includes, binding])
+        return
+    kernels_o = request.getfixturevalue("cuda_build") / "pack.o"
+    _run([CXX, *flags, "-O0", "-fPIC", *includes, "-c", binding, "-o", str(tmp_path / "pack_ext.o")])
+    torch_lib = Path(torch.__file__).parent / "lib"
+    so = tmp_path / "_kernels.so"
+    _run([CXX, "-shared", str(kernels_o), str(tmp_path / "pack_ext.o"), f"-L{torch_lib}",
+          "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-L{cudart}", "-lcudart",
+          f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{cudart}", "-o", str(so)])
+    probe = (
+        "import importlib.util, sys, torch\n"
+        f"spec = importlib.util.spec_from_file_location('nereus._kernels', {str(so)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "print(m.DIALECT, m.LAYOUT_VERSION, m.DESC_FIELDS)\n"
+        "try:\n"
+        "    m.pack(torch.zeros(1, m.DESC_FIELDS, dtype=torch.int64), 1, 0)\n"
+        "except RuntimeError as e:\n"
+        "    print('refused:', str(e).splitlines()[0])\n"
+    )
+    out = _run([sys.executable, "-c", probe]).stdout.splitlines()
+    assert out[0] == f"cuda {desc_table.LAYOUT_VERSION} {desc_table.DESC_FIELDS}"
+    assert out[1] == "refused: nereus pack: descriptor table must be on the GPU"
 
 
 def _code(path: Path) -> str:

@@ -120,3 +120,31 @@ def test_slices_beyond_three_outer_dims_go_to_the_fallback(host_lib: ctypes.CDLL
     assert torch.equal(buf[:16], base[:2, :2, :2, :2, 1].reshape(-1))
     assert torch.equal(buf[16:], plain)
     assert log[0].shape[0] == 1  # only the plain slice went through the kernels
+
+
+def _bench_plans():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_pack", REPO / "benchmarks" / "pack.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.PLANS
+
+
+@pytest.mark.parametrize("plan", ["layer-tp4to2", "embedding-tp4to2", "norms-65"])
+def test_benchmark_plans_through_host_kernels(host_lib: ctypes.CDLL, plan: str) -> None:
+    """The benchmark's transfer plans (on medium-gpt shapes) through the kernels' own code."""
+    from nereus.spec.model import MODEL_PRESETS
+
+    buffers = _bench_plans()[plan](MODEL_PRESETS["medium-gpt"], torch.device("cpu"), torch.bfloat16)
+    seen: set[int] = set()
+    for buf in buffers:
+        for t, _ in buf:
+            if id(t) not in seen:
+                seen.add(id(t))
+                t.copy_(torch.randn(t.shape))
+    kw = {"launch": _launcher(host_lib, 256)}
+    for buf in buffers:
+        check_pack(buf, **kw)
+        check_unpack(buf, shift=2, **kw)

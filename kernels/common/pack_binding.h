@@ -4,7 +4,11 @@
 // cudaStream_t on CUDA builds of torch, a hipStream_t on ROCm builds).
 #pragma once
 
-#include <torch/extension.h>
+// (ATen's tensor, TORCH_CHECK and torch's pybind11 casters: a third less to parse than
+// torch/extension.h, which adds the whole C++ frontend)
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/python.h>
 
 #include "common/pack_api.h"
 

@@ -108,8 +108,6 @@ def _normalize(
         if spec.tensor >= len(ts):
             raise TransitionError(f"slice {spec}: tensor index past the {len(ts)} tensors")
         t = ts[spec.tensor]
-        if len(spec.sizes) > 0 and t.dim() == 0:
-            raise TransitionError(f"slice {spec}: of a 0-d tensor")
         check_inside(spec, tuple(t.shape), tuple(t.stride()))
     return ts, specs
 
