@@ -24,9 +24,9 @@ from nereus.plan.exhaustive import SearchLimitError
 from nereus.plan.explain import explain, infeasible_to_json, plan_result_to_json
 from nereus.plan.problem import memory_bound_bytes, step_s
 from nereus.plan.search import PlanResult, search_plan
-from nereus.spec.hardware import A100_64GB, H200, ClusterSpec
+from nereus.spec.hardware import A100_64GB, H200, ClusterSpec, GpuSpec
 from nereus.spec.job import JobSpec, Setup
-from nereus.spec.model import LLAMA_3_3_70B
+from nereus.spec.model import LLAMA_3_3_70B, MEDIUM_GPT, TINY_GPT
 from nereus.spec.workflow import Workflow
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -261,12 +261,30 @@ def test_70b_on_four_gpus_names_the_tightest_constraint() -> None:
 
 
 def test_gpu_budget_shortage_is_named() -> None:
-    setup = llama_setup(1, gpu=A100_64GB)
-    # Memory fits on one GPU for no training model-stage of 8B at 57.6 GB, so use 2 GPUs:
-    # each model-stage fits alone at tp2, but ref-inf and critic-inf need disjoint GPUs.
+    """Every model-stage fits one GPU alone, but ref-inf and critic-inf need disjoint GPUs."""
+    job = JobSpec(algorithm="ppo", mode="sync",
+                  models=(("actor", TINY_GPT), ("critic", TINY_GPT), ("reference", TINY_GPT)),
+                  global_batch=4, prompt_len=16, gen_len=16, reward_model=False)
     with pytest.raises(InfeasiblePlanError) as exc:
-        search_plan(setup, CALIB, pool=(0, 1))
-    assert "needs" in exc.value.reason or "GPU budget" in exc.value.reason
+        search_plan(Setup(job, ClusterSpec(1, 1, H200)), CALIB)
+    assert exc.value.reason.startswith("GPU budget: ")
+    assert "need at least 2 GPUs" in exc.value.reason and "the pool has 1" in exc.value.reason
+    assert search_plan(Setup(job, ClusterSpec(1, 2, H200)), CALIB).plan is not None
+
+
+def test_co_residency_shortage_is_named() -> None:
+    """GRPO on one GPU: each model-stage fits alone, their persistent state together does not."""
+    job = JobSpec(algorithm="grpo", mode="sync",
+                  models=(("actor", MEDIUM_GPT), ("reference", MEDIUM_GPT)),
+                  global_batch=4, prompt_len=64, gen_len=64, reward_model=False)
+    gpu = GpuSpec(name="t", vendor="cpu", memory_bytes=1_700_000_000, peak_flops=1e12,
+                  hbm_gbps=100.0, intra_node_gbps=10.0, inter_node_gbps=1.0)
+    with pytest.raises(InfeasiblePlanError) as exc:
+        search_plan(Setup(job, ClusterSpec(1, 1, gpu)), CALIB)
+    assert exc.value.reason.startswith("co-resident model-stages (actor-gen, ref-inf, actor-train)")
+    roomy = replace(gpu, memory_bytes=2_500_000_000)
+    res = search_plan(Setup(job, ClusterSpec(1, 1, roomy)), CALIB)
+    check_result(Setup(job, ClusterSpec(1, 1, roomy)), (0,), res)
 
 
 def test_bad_arguments_are_config_errors() -> None:

@@ -41,6 +41,11 @@ from nereus.spec.workflow import Workflow
 GB = 1e9
 
 
+def gb_text(nbytes: float) -> str:
+    """Bytes as GB, with two decimals below 10 GB so that small models stay readable."""
+    return f"{nbytes / GB:.1f}" if nbytes >= 10 * GB else f"{nbytes / GB:.2f}"
+
+
 def _fits(c: Costed, levels: tuple[int, ...], caps: tuple[int, ...]) -> bool:
     g = c.num_gpus
     if g > caps[0]:
@@ -175,8 +180,8 @@ def build_problem(
                 f"(GPUs per node available: {[a for _, a in node_counts(pool, gpn)]})"
             )
         raise InfeasiblePlanError(
-            f"{worst.name} needs {worst.min_peak_bytes / GB:.1f} GB per GPU at tp≤{max_tp}, "
-            f"pp≤{max_pp} on {len(pool)} GPUs ({gpn} per node), capacity {capacity / GB:.1f} GB"
+            f"{worst.name} needs {gb_text(worst.min_peak_bytes)} GB per GPU at tp≤{max_tp}, "
+            f"pp≤{max_pp} on {len(pool)} GPUs ({gpn} per node), capacity {gb_text(capacity)} GB"
         )
     return Problem(setup, workflow, pool, levels, caps, capacity, tuple(spaces))
 
@@ -245,6 +250,6 @@ def no_plan_reason(problem: Problem) -> str:
     names = ", ".join(n for ph in worst_lane for n in ph)
     return (
         f"co-resident model-stages ({names}) need about "
-        f"{lane_bound_bytes(worst_lane, lo) / GB:.1f} GB per GPU together within a budget of "
-        f"{len(problem.pool)} GPUs, capacity {cap / GB:.1f} GB"
+        f"{gb_text(lane_bound_bytes(worst_lane, lo))} GB per GPU together within a budget of "
+        f"{len(problem.pool)} GPUs, capacity {gb_text(cap)} GB"
     )

@@ -67,7 +67,9 @@ def search_plan(
 
     ``cache`` keeps cost evaluations across calls with the same setup and calibration (a replan
     after a pool change); without it every candidate is costed afresh. ``layouts`` pins the
-    (tp, pp) of the model-stages it names (DP and placement are still searched). Raises
+    (tp, pp) of the model-stages it names (DP and placement are still searched).
+    ``time_limit_s`` bounds the references only: the MILP solver's time cap, and the exhaustive
+    enumeration's work (``exhaustive.VISITS_PER_SECOND`` combinations per second, no clock). Raises
     ``InfeasiblePlanError`` naming the tightest constraint when no plan fits.
     """
     if method not in METHODS:
