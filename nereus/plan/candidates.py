@@ -13,12 +13,15 @@ The plan space of a model-stage M on a pool of GPUs (``cluster.gpus_per_node`` p
   ``MICRO_BATCH_CAP[kind]``, plus the per-replica sequences themselves when under the cap;
 - for training also full activation recomputation on and off.
 
-Every candidate is costed once (latency and per-GPU memory); candidates whose peak exceeds the
-capacity are dropped, and of the rest only the Pareto frontier over (latency, GPU demand,
-persistent bytes, peak bytes) is kept: a candidate is dominated when another is no slower, needs
-no more GPUs (at every TP level that the pool constrains), and holds no more persistent and no more
-peak bytes per GPU. The memory terms are needed because model-stages of serial phases share GPUs
-(their persistent state adds up), so a slower, smaller candidate can be the only one that fits.
+Every candidate is costed once per (setup, calibration) on the whole cluster (``CostCache``;
+memory first, latency only if it fits); candidates whose peak exceeds the capacity are dropped,
+and of the rest only the Pareto frontier over (latency, GPUs, placement block, persistent bytes,
+peak bytes) is kept: a candidate is dominated when another is no slower, needs no more GPUs in
+no larger blocks, and holds no more persistent and no more peak bytes per GPU. The memory terms
+are needed because model-stages of serial phases share GPUs (their persistent state adds up), so
+a slower, smaller candidate can be the only one that fits; the block term because a pool with
+partly failed nodes has room for small blocks only. For any pool, the frontier candidates that
+fit it contain a dominator of every feasible candidate, so the DP stays exact.
 """
 
 from __future__ import annotations
