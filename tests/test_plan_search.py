@@ -178,6 +178,10 @@ def test_results_are_deterministic(data: st.DataObject) -> None:
         return
     b = search_plan(setup, CALIB, pool=pool, cache=CostCache())
     assert a == b
+    # a cache filled on another pool (a replan after a pool change) gives the same result
+    cache = CostCache()
+    search_plan(setup, CALIB, cache=cache)
+    assert search_plan(setup, CALIB, pool=pool, cache=cache) == a
     shuffled = tuple(reversed(pool))
     assert search_plan(setup, CALIB, pool=shuffled) == a
 
