@@ -3,7 +3,7 @@
 #   1. builds nereus._kernels in place (sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise),
 #   2. runs tests/test_kernels_gpu.py (random slices, poisoned outputs, every byte against torch;
 #      with pytest when the image has it, else its plain runner) and fails if anything skipped,
-#   3. runs benchmarks/pack.py --json with three tile sizes,
+#   3. runs benchmarks/pack.py --json with four tile sizes (16-128 kB),
 #   4. writes summary.txt: per plan and op the best kernel tile's share of the copy bandwidth,
 #      PASS when >= 0.90 for the layer and embedding plans (the norms plan is launch-bound and
 #      is reported against torch's per-slice copies instead).
@@ -54,7 +54,7 @@ if [ "$rc" != 0 ] || grep -qiE "[0-9]+ skipped|^SKIP" "$RES/gpu_test.log"; then
 fi
 
 echo "== benchmark"
-"$PY" benchmarks/pack.py --json --tile-bytes 16384,32768,65536 >"$RES/pack_bench.json"
+"$PY" benchmarks/pack.py --json --tile-bytes 16384,32768,65536,131072 >"$RES/pack_bench.json"
 
 "$PY" - "$RES/pack_bench.json" "$RES/summary.txt" <<'EOF'
 import json

@@ -19,7 +19,8 @@ built, ``kernels`` (one launch per buffer). Bandwidth is bytes moved / s, each b
 and written once; every method's result is checked against torch's bytes. Medians of
 ``--reps`` timed runs after warm-up; CUDA events on a GPU, perf_counter on the CPU.
 
-    python benchmarks/pack.py [--json] [--device cpu|cuda] [--reps N] [--tile-bytes 16384,32768]
+    python benchmarks/pack.py [--json] [--device cpu|cuda] [--reps N] [--threads N]
+                              [--plans a,b] [--tile-bytes 16384,32768]
 """
 
 from __future__ import annotations
@@ -205,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=0, help="timed runs (default 20 on GPU, 5 on CPU)")
     ap.add_argument("--plans", default=",".join(PLANS), help="comma-separated plan names")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's)")
     ap.add_argument("--tile-bytes", default=str(DEFAULT_TILE_BYTES),
                     help="comma-separated kernel tile sizes to compare")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     reps = args.reps or (20 if device.type == "cuda" else 5)
     warmup = 3 if device.type == "cuda" else 1
