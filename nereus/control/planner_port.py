@@ -72,7 +72,7 @@ def compile_dag(
         raise TransitionError(f"every replica of {', '.join(lost)} was lost")
     return compile_transition(
         source, emus_of_plan(target, stage_states(setup)), sizer,
-        capacity_bytes=setup.cluster.gpu.memory_bytes,
+        capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
     )
 
 

@@ -8,8 +8,9 @@ Components that wait on each other never progress: the run fails at the timeout.
 
 Exact: the same primitives with the same forced precedences (data, same-model and cross-model GPU
 release) as a MILP minimizing the makespan, with no two primitives that touch one GPU
-overlapping; only the order of Extends that read one source is left free. Solved by
-``scipy.optimize.milp`` (HiGHS) under a time cap.
+overlapping (co-resident model-stages of the DAG's conflict relation excepted); only the order of
+Extends that read one source is left free. Solved by ``scipy.optimize.milp`` (HiGHS) under a time
+cap.
 """
 
 from __future__ import annotations
@@ -59,7 +60,19 @@ def per_component_simulate(
             seq.append(pick)
             left.discard(pick)
         order[m] = seq
-    owner: dict[int, str] = {g: u.model_stage for u in dag.source for g in u.gpus}
+    excl = dag.exclusion
+    owners: dict[int, set[str]] = {}  # GPU → model-stages holding (or grabbing) it
+    for u in dag.source:
+        for g in u.gpus:
+            owners.setdefault(g, set()).add(u.model_stage)
+
+    def grab(g: int, m: str) -> bool:
+        """Take ``g`` for ``m`` unless a conflicting model-stage holds it (co-residents share)."""
+        here = owners.setdefault(g, set())
+        if any(excl.conflicts(m, x) for x in here):
+            return m in here
+        here.add(m)
+        return True
     names = sorted(comps, key=lambda m: (launch_s.get(m, 0.0), m))
     pos = dict.fromkeys(comps, 0)
     launched: set[str] = set()
@@ -79,9 +92,8 @@ def per_component_simulate(
         i = order[m][pos[m]]
         p = prims[i]
         if isinstance(p, Extend):
-            for g in p.new.gpus:  # grab whatever is free now, hold it, wait for the rest
-                owner.setdefault(g, m)
-            if any(owner[g] != m for g in p.new.gpus):
+            got = [grab(g, m) for g in p.new.gpus]  # grab what is free, hold it, wait
+            if not all(got):
                 waiting[m] = i
                 return
         waiting.pop(m, None)
@@ -101,10 +113,10 @@ def per_component_simulate(
         p = prims[payload]
         if isinstance(p, Destroy):
             for g in p.unit.gpus:
-                owner.pop(g, None)
+                owners[g].discard(p.model_stage)
         for u in produced(p):
             for g in u.gpus:
-                owner[g] = u.model_stage
+                owners.setdefault(g, set()).add(u.model_stage)
         done += 1
         try_start(p.model_stage)
         for m in list(waiting):
@@ -131,6 +143,7 @@ def exact_makespan(
     from scipy.sparse import coo_matrix
 
     n = len(dag.primitives)
+    excl = dag.exclusion
     forced = [(a, b) for a, b, k in dag.edges if k != "order"]
     preds: list[list[int]] = [[] for _ in range(n)]
     for a, b in forced:
@@ -151,7 +164,8 @@ def exact_makespan(
         for x in range(len(idxs)):
             for y in range(x + 1, len(idxs)):
                 a, b = idxs[x], idxs[y]
-                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1:
+                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1 and excl.exclusive(
+                        dag.primitives[a].model_stage, dag.primitives[b].model_stage):
                     pairs.add((min(a, b), max(a, b)))
     pair_list = sorted(pairs)
     d = np.asarray(durations_s, dtype=float) * 1e3  # milliseconds: better scaled for HiGHS

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from nereus.emu.unit import Emu, Layout, emus_of_plan
@@ -35,8 +36,16 @@ from nereus.transition.primitives import (
     StateSizer,
     consumed,
     groupings_differ,
+    shard_bytes,
     sub_unit_gpus,
     sub_units,
+)
+from nereus.transition.residency import (
+    ConflictSpec,
+    Exclusion,
+    exclusion_for,
+    memory_excess,
+    raise_level,
 )
 
 _STAGE_SUFFIX = {"gen": 0, "inf": 1, "train": 2}
@@ -47,19 +56,23 @@ def default_stage_rank(model_stage: str) -> int:
     return _STAGE_SUFFIX.get(model_stage.rsplit("-", 1)[-1], 1)
 
 
-def check_collection(units: Sequence[Emu], what: str) -> None:
-    """A valid collection: disjoint GPU sets, one state name per model-stage."""
-    owner: dict[int, Emu] = {}
+def check_collection(units: Sequence[Emu], what: str,
+                     conflicts: ConflictSpec | Exclusion = None) -> None:
+    """A valid collection: one state name per model-stage, and no GPU held by two units of one
+    model-stage or of two conflicting ones (co-resident units of other model-stages share it)."""
     state: dict[str, str] = {}
     for u in units:
         if state.setdefault(u.model_stage, u.state) != u.state:
             raise TransitionError(f"{what}: {u.model_stage} holds two states")
+    excl = conflicts if isinstance(conflicts, Exclusion) else exclusion_for(state, conflicts)
+    owners: dict[int, list[str]] = {}
+    for u in units:
         for g in u.gpus:
-            if g in owner:
-                raise TransitionError(
-                    f"{what}: GPU {g} held by {owner[g].model_stage} and {u.model_stage}"
-                )
-            owner[g] = u
+            here = owners.setdefault(g, [])
+            for m in here:
+                if excl.exclusive(m, u.model_stage):
+                    raise TransitionError(f"{what}: GPU {g} held by {m} and {u.model_stage}")
+            here.append(u.model_stage)
 
 
 def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
@@ -77,6 +90,7 @@ class _Local:
     prims: list[Primitive] = field(default_factory=list)
     edges: list[tuple[int, int, str]] = field(default_factory=list)
     release: dict[int, int] = field(default_factory=dict)  # GPU → local Destroy index
+    levels: dict[int, int] = field(default_factory=dict)  # GPU → most bytes held (residency)
     donor: bool = False
     staged: bool = False
     t_sub: Layout | None = None
@@ -111,13 +125,18 @@ def _local_dag(
     tgts: list[Emu],
     t_sub: Layout,
     state_bytes: int,
-    held: Mapping[int, Emu],
+    held: AbstractSet[int],
     target_gpus: frozenset[int],
     replicas: Sequence[Emu] = (),
     donor_rank: int = 0,
     staging: tuple[int, ...] = (),
+    load: Mapping[int, int] | None = None,
 ) -> _Local | None:
-    """One model-stage's local DAG through ``t_sub``; None when no copy can reach the target."""
+    """One model-stage's local DAG through ``t_sub``; None when no copy can reach the target.
+
+    ``load`` (bytes co-resident model-stages hold per GPU) makes Extends read first from sources
+    on the least loaded GPUs (a sender holds a send buffer beside its shard).
+    """
     loc = _Local()
     if not tgts:
         for u in srcs:
@@ -187,6 +206,8 @@ def _local_dag(
             loc.staged = True
         else:
             pool.append(_Source(donor, 1 if donor in producer else 0))
+    if load:
+        pool.sort(key=lambda src: (src.free_at, max(load.get(g, 0) for g in src.unit.gpus)))
     heap = [(src.free_at, k, src.unit) for k, src in enumerate(pool)]
     heapq.heapify(heap)
     tie = len(heap)
@@ -250,7 +271,7 @@ def _pick_donor(
     t_sub: Layout,
     state_bytes: int,
     producer: dict[Emu, int],
-    held: Mapping[int, Emu],
+    held: AbstractSet[int],
     others_need: frozenset[int],
     rank: int,
 ) -> Emu | None:
@@ -303,15 +324,21 @@ def compile_transition(
     reserved_bytes: Mapping[int, int] | None = None,
     stage_rank: Mapping[str, int] | None = None,
     spare_gpus: Sequence[int] = (),
+    conflicts: ConflictSpec = None,
 ) -> TransitionDag:
     """The global DAG from any valid EMU collection ``source`` to the collection ``target``.
 
+    ``conflicts`` tells which model-stages run concurrently (a predicate such as
+    ``Workflow.concurrent`` or the set of conflicting pairs; None: all distinct ones conflict).
+    Units of non-conflicting model-stages may share GPUs; their bytes add up in the memory check.
     ``spare_gpus`` (held by nobody, needed by no target) and source GPUs no target needs may
     stage a copy of a state whose last copy sits on GPUs another model-stage's target needs,
     breaking a circular wait.
     """
-    check_collection(source, "source")
-    check_collection(target, "target")
+    excl = exclusion_for({u.model_stage for u in source} | {v.model_stage for v in target},
+                         conflicts)
+    check_collection(source, "source", excl)
+    check_collection(target, "target", excl)
     src_state = {u.model_stage: u.state for u in source}
     for v in target:
         if v.model_stage not in src_state:
@@ -331,30 +358,80 @@ def compile_transition(
     for v in target:
         if v not in src_set:
             by_tgt[v.model_stage].append(v)
-    held = {g: u for u in source for g in u.gpus}
-    target_gpus = frozenset(g for v in target for g in v.gpus)
+    src_gpus: dict[str, set[int]] = {m: set() for m in names}
+    tgt_gpus: dict[str, set[int]] = {m: set() for m in names}
+    for u in source:
+        src_gpus[u.model_stage].update(u.gpus)
+    for v in target:
+        tgt_gpus[v.model_stage].update(v.gpus)
+    all_held = frozenset().union(*src_gpus.values())
+    all_target = frozenset().union(*tgt_gpus.values())
+    if excl.pairs is None:
+        held_for = dict.fromkeys(names, all_held)
+        target_for = dict.fromkeys(names, all_target)
+    else:  # only units of conflicting model-stages (and its own) hold a GPU against m
+        held_for = {m: frozenset().union(*(src_gpus[c] for c in names if excl.exclusive(m, c)))
+                    for m in names}
+        target_for = {m: frozenset().union(*(tgt_gpus[c] for c in names
+                                             if excl.exclusive(m, c))) for m in names}
+    floors = _floors(source, target, sizer) if capacity_bytes is not None \
+        and excl.pairs is not None else {}
+    load_for: dict[str, dict[int, int]] = {}
+    for m in names if floors else ():
+        load = load_for.setdefault(m, {})
+        for c, fl in floors.items():
+            if not excl.exclusive(m, c):
+                for g, b in fl.items():
+                    load[g] = load.get(g, 0) + b
     cands = {m: t_sub_candidates([u.layout for u in (by_src[m] or in_place[m]) + by_tgt[m]])
              for m in names}
     choice = {m: [0, 0] for m in names}  # (T_sub candidate, donor rank) per model-stage
     # staging GPUs: free ones first, then ones the source holds and no target needs (after the
     # Destroy that frees them, which the resource edges order first)
-    spare = [g for g in sorted(set(spare_gpus)) if g not in held and g not in target_gpus]
-    released = sorted(g for g in held if g not in target_gpus)
+    spare = [g for g in sorted(set(spare_gpus)) if g not in all_held and g not in all_target]
+    released = sorted(g for g in all_held if g not in all_target)
     staging: dict[str, tuple[int, ...]] = {}
+    sizes = tuple((m, sizer(m)) for m in sorted(names))
+
+    def fits(m: str, loc: _Local) -> str | None:
+        """Memory of ``m``'s local DAG beside the least its co-residents must hold."""
+        if capacity_bytes is None:
+            return None
+        lv = loc.levels
+        for p in loc.prims:
+            for g, b in p.peak_bytes().items():
+                if b > lv.get(g, 0):
+                    lv[g] = b
+        for u in in_place[m]:
+            b = shard_bytes(sizer(m), u.layout)
+            for g in u.gpus:
+                if b > lv.get(g, 0):
+                    lv[g] = b
+        levels: dict[str, Mapping[int, int]] = {m: lv}
+        for c, fl in floors.items():
+            if c != m and not excl.exclusive(m, c):
+                levels[c] = {g: fl[g] for g in lv if g in fl}
+        return memory_excess(levels, excl, capacity_bytes, reserved_bytes)
 
     def local_for(m: str) -> _Local | None:
         """The local DAG at ``choice[m]`` or the next choice that compiles (None: none left)."""
         if not by_tgt[m]:
-            return _local_dag(by_src[m], [], Layout(1, 1), sizer(m), held, target_gpus)
+            loc = _local_dag(by_src[m], [], Layout(1, 1), sizer(m), held_for[m], target_for[m])
+            assert loc is not None
+            fits(m, loc)  # a model-stage that only leaves: its levels, nothing to choose
+            return loc
         while choice[m][0] < len(cands[m]):
-            loc = _local_dag(by_src[m], by_tgt[m], cands[m][choice[m][0]], sizer(m), held,
-                             target_gpus, in_place[m], choice[m][1], staging.get(m, ()))
+            loc = _local_dag(by_src[m], by_tgt[m], cands[m][choice[m][0]], sizer(m),
+                             held_for[m], target_for[m], in_place[m], choice[m][1],
+                             staging.get(m, ()), load_for.get(m))
             if loc is not None:
-                why = None if capacity_bytes is None else \
-                    _memory_excess(loc.prims, capacity_bytes, reserved_bytes)
+                why = fits(m, loc)
                 if why is None:
                     return loc
-                memory_reason[m] = why
+                memory_reason.setdefault(m, why)
+                if loc.donor:  # another donor may sit on GPUs with more room
+                    choice[m][1] += 1
+                    continue
             choice[m] = [choice[m][0] + 1, 0]
         return None
 
@@ -368,7 +445,7 @@ def compile_transition(
         locs[m] = loc
     exhausted: set[str] = set()
     while True:
-        dag, cycle = _assemble(source, target, names, locs, cands, choice, rank)
+        dag, cycle = _assemble(source, target, names, locs, rank, excl, sizes)
         if not cycle:
             break
         for m in dict.fromkeys(cycle):  # another donor or a finer T_sub for one of them
@@ -400,7 +477,9 @@ def compile_transition(
                 else:
                     staging[stage_m], released = tuple(released[: lay.size]), released[lay.size:]
                 loc = local_for(stage_m)
-                assert loc is not None
+                if loc is None:
+                    raise TransitionError(memory_reason.get(stage_m)
+                                          or f"{stage_m}: staging its donor does not compile")
                 locs[stage_m] = loc
                 exhausted.clear()
                 continue
@@ -409,7 +488,23 @@ def compile_transition(
                                   + " (each keeps the last copy of its state on GPUs another's "
                                   "target needs)" + (f"; finer layouts exceed memory: {mem[0]}"
                                                      if mem else ""))
-    return dag  # every local DAG passed the memory check in local_for
+    if capacity_bytes is not None and excl.pairs is not None:
+        # co-resident model-stages: their chosen local DAGs' bytes together
+        why = memory_excess({m: locs[m].levels for m in names}, excl, capacity_bytes,
+                            reserved_bytes)
+        if why is not None:
+            raise TransitionError(f"co-resident model-stages exceed memory: {why}")
+    return dag
+
+
+def _floors(source: Sequence[Emu], target: Sequence[Emu], sizer: StateSizer
+            ) -> dict[str, dict[int, int]]:
+    """Per model-stage and GPU the bytes it surely holds there at some point (source or target)."""
+    out: dict[str, dict[int, int]] = {}
+    for u in (*source, *target):
+        raise_level(out, u.model_stage, dict.fromkeys(u.gpus, shard_bytes(sizer(u.model_stage),
+                                                                         u.layout)))
+    return out
 
 
 def _assemble(
@@ -417,23 +512,26 @@ def _assemble(
     target: Sequence[Emu],
     names: list[str],
     locs: dict[str, _Local],
-    cands: dict[str, tuple[Layout, ...]],
-    choice: dict[str, list[int]],
     rank: Mapping[str, int],
+    excl: Exclusion,
+    sizes: tuple[tuple[str, int], ...],
 ) -> tuple[TransitionDag, list[str]]:
     prims: list[Primitive] = []
     edges: list[tuple[int, int, str]] = []
-    release: dict[int, int] = {}
+    release: dict[int, list[int]] = {}  # GPU → Destroys (of any model-stage) that free it
     for m in names:
         off = len(prims)
         loc = locs[m]
         prims.extend(loc.prims)
         edges.extend((a + off, b + off, k) for a, b, k in loc.edges)
-        release.update({g: d + off for g, d in loc.release.items()})
+        for g, d in loc.release.items():
+            release.setdefault(g, []).append(d + off)
     for i, p in enumerate(prims):
         if isinstance(p, Extend):
-            for d in sorted({release[g] for g in p.new.gpus if g in release}):
-                if prims[d].model_stage != p.model_stage:
+            ms = p.model_stage
+            frees = {d for g in p.new.gpus for d in release.get(g, ())}
+            for d in sorted(frees):
+                if excl.conflicts(prims[d].model_stage, ms):
                     edges.append((d, i, "resource"))
     edges = list(dict.fromkeys(edges))
     n = len(prims)
@@ -460,7 +558,7 @@ def _assemble(
                 heapq.heappush(heap, key(j))
     t_sub = tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None)
     dag = TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges), tuple(order),
-                        t_sub)
+                        t_sub, excl.pairs, sizes)
     if len(order) == n:
         return dag, []
     return dag, _cycle_names(prims, succ, set(range(n)) - set(order))
@@ -488,32 +586,6 @@ def _cycle_names(prims: list[Primitive], succ: list[list[int]], left: set[int]) 
     return out
 
 
-def _memory_excess(
-    prims: Sequence[Primitive],
-    capacity_bytes: int | Mapping[int, int],
-    reserved_bytes: Mapping[int, int] | None,
-) -> str | None:
-    reserved = reserved_bytes or {}
-    for p in prims:
-        for g, b in p.peak_bytes().items():
-            cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
-            if reserved.get(g, 0) + b > cap:
-                return (f"{type(p).__name__} of {p.model_stage} needs {reserved.get(g, 0) + b} "
-                        f"bytes on GPU {g}, capacity {cap}")
-    return None
-
-
-def check_memory(
-    dag: TransitionDag,
-    capacity_bytes: int | Mapping[int, int],
-    reserved_bytes: Mapping[int, int] | None = None,
-) -> None:
-    """Every primitive's peak (+ reserved bytes) fits each GPU it touches."""
-    why = _memory_excess(dag.primitives, capacity_bytes, reserved_bytes)
-    if why is not None:
-        raise TransitionError(why)
-
-
 def compile_plans(
     current: ExecutionPlan,
     target: ExecutionPlan,
@@ -524,9 +596,10 @@ def compile_plans(
     reserved_bytes: Mapping[int, int] | None = None,
     stage_rank: Mapping[str, int] | None = None,
     spare_gpus: Sequence[int] = (),
+    conflicts: ConflictSpec = None,
 ) -> TransitionDag:
     """:func:`compile_transition` between two placed plans of one workflow."""
     st = dict(states)
     return compile_transition(emus_of_plan(current, st), emus_of_plan(target, st), sizer,
                               capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes,
-                              stage_rank=stage_rank, spare_gpus=spare_gpus)
+                              stage_rank=stage_rank, spare_gpus=spare_gpus, conflicts=conflicts)

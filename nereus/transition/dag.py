@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from nereus.emu.unit import Emu
 from nereus.transition.primitives import Primitive
+from nereus.transition.residency import Exclusion, exclusion_for
 
 # Edge kinds: "data" (a unit must exist / be read before it is consumed), "local" (a GPU of the same
 # model-stage must be released before it is acquired), "resource" (the same across model-stages,
@@ -19,7 +20,8 @@ class TransitionDag:
 
     ``order`` is a topological order obeying release-before-acquire and gen → inf → train; the
     scheduler launches ready primitives in this order. ``t_sub`` names the intermediate layout each
-    model-stage goes through as ``(tp, pp)``.
+    model-stage goes through as ``(tp, pp)``. ``conflicts`` is the set of conflicting pairs of
+    model-stages (None: every two distinct ones conflict), see :mod:`residency`.
     """
 
     source: tuple[Emu, ...]
@@ -28,6 +30,13 @@ class TransitionDag:
     edges: tuple[tuple[int, int, str], ...]
     order: tuple[int, ...]
     t_sub: tuple[tuple[str, int, int], ...] = ()
+    conflicts: frozenset[tuple[str, str]] | None = None
+    state_bytes: tuple[tuple[str, int], ...] = ()  # (model-stage, bytes of its logical state)
+
+    @property
+    def exclusion(self) -> Exclusion:
+        names = {u.model_stage for u in self.source} | {u.model_stage for u in self.target}
+        return exclusion_for(names, self.conflicts)
 
     @property
     def preds(self) -> tuple[tuple[int, ...], ...]:
@@ -56,6 +65,8 @@ class TransitionDag:
             tuple(e for e in self.edges if e[2] not in kinds),
             self.order,
             self.t_sub,
+            self.conflicts,
+            self.state_bytes,
         )
 
     def counts(self) -> dict[str, int]:

@@ -1,9 +1,9 @@
 """One scheduler core for simulated and real execution of a transition DAG (DESIGN.md §2.3 item 4).
 
-:class:`Scheduler` only does bookkeeping: a primitive is ready when its predecessors are done, its
-GPUs are not used by a running primitive, the GPUs it acquires are owned by no live unit and its
-peak bytes fit. :func:`drive` is the single loop: it starts every ready primitive on an
-:class:`Executor` and feeds completions back. The simulator is an Executor with a virtual clock;
+:class:`Scheduler` only does bookkeeping: a primitive is ready when its predecessors are done, no
+running primitive of a conflicting model-stage uses its GPUs, no unit of a conflicting model-stage
+lives on the GPUs it acquires, and its bytes fit beside what else lives there. :func:`drive` is the
+single loop: it starts every ready primitive on an :class:`Executor` and feeds completions back. The simulator is an Executor with a virtual clock;
 the runtime supplies one that runs the primitives on ranks.
 """
 
@@ -17,7 +17,8 @@ from typing import Protocol
 from nereus.emu.unit import Emu
 from nereus.errors import TransitionError
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Primitive, consumed, produced
+from nereus.transition.primitives import Extend, Primitive, consumed, produced, shard_bytes
+from nereus.transition.residency import ConflictSpec, exclusion_for
 
 
 class Executor(Protocol):
@@ -29,7 +30,14 @@ class Executor(Protocol):
 
 
 class Scheduler:
-    """Ready-set bookkeeping over one DAG; no threads, no clock."""
+    """Ready-set bookkeeping over one DAG; no threads, no clock.
+
+    GPU use follows the DAG's conflict relation (see :mod:`residency`): a primitive waits for
+    running primitives of its own or a conflicting model-stage on its GPUs, and an acquisition
+    waits while a unit of its own or a conflicting model-stage lives on a target GPU. Units and
+    running primitives of co-resident model-stages share GPUs; their bytes add up in the memory
+    check (live units' shards + running primitives' buffers + reserved ≤ capacity).
+    """
 
     def __init__(
         self,
@@ -37,22 +45,53 @@ class Scheduler:
         *,
         capacity_bytes: int | Mapping[int, int] | None = None,
         reserved_bytes: Mapping[int, int] | None = None,
+        conflicts: ConflictSpec = None,
     ) -> None:
         self.dag = dag
         n = len(dag.primitives)
+        self._excl = dag.exclusion if conflicts is None else exclusion_for(
+            {u.model_stage for u in dag.source} | {u.model_stage for u in dag.target}, conflicts)
         self._preds_left = [len(p) for p in dag.preds]
         self._succs = dag.succs
         self._capacity = capacity_bytes
         self._reserved = dict(reserved_bytes or {})
         self._waiting = set(range(n))
         self._running: set[int] = set()
-        self._busy: set[int] = set()
+        self._busy: dict[int, list[str]] = {}  # GPU → model-stages of running primitives on it
         self._done = 0
         self._pos = {i: k for k, i in enumerate(dag.order)}
         self._free = {i for i in range(n) if not self._preds_left[i]}  # waiting, preds done
-        self.owner: dict[int, Emu] = {g: u for u in dag.source for g in u.gpus}
-        self.live: set[Emu] = set(dag.source)
+        self._sizes = dict(dag.state_bytes)
+        self._sizes.update({p.model_stage: p.state_bytes for p in dag.primitives})
+        self.owners: dict[int, list[Emu]] = {}
+        self._bytes: dict[int, int] = {}  # GPU → live units' shards + running buffers
+        self._extra: dict[int, dict[int, int]] = {}  # running primitive → GPU → buffer bytes
+        self.live: set[Emu] = set()
+        for u in dag.source:
+            self._add_unit(u)
         self.completed: list[int] = []
+
+    @property
+    def owner(self) -> dict[int, Emu]:
+        """GPU → one live unit on it (the first), for callers that only ask whether it is held."""
+        return {g: us[0] for g, us in self.owners.items() if us}
+
+    def _resident(self, u: Emu) -> int:
+        return shard_bytes(self._sizes.get(u.model_stage, 0), u.layout)
+
+    def _add_unit(self, u: Emu) -> None:
+        self.live.add(u)
+        b = self._resident(u)
+        for g in u.gpus:
+            self.owners.setdefault(g, []).append(u)
+            self._bytes[g] = self._bytes.get(g, 0) + b
+
+    def _drop_unit(self, u: Emu) -> None:
+        self.live.discard(u)
+        b = self._resident(u)
+        for g in u.gpus:
+            self.owners[g].remove(u)
+            self._bytes[g] -= b
 
     @property
     def done(self) -> bool:
@@ -62,59 +101,84 @@ class Scheduler:
     def running(self) -> frozenset[int]:
         return frozenset(self._running)
 
-    def _fits(self, p: Primitive) -> bool:
+    def _buffers(self, p: Primitive) -> dict[int, int]:
+        """Bytes ``p`` adds on each GPU while it runs (its peak minus its inputs' shards)."""
+        ins = consumed(p) + ((p.src,) if isinstance(p, Extend) else ())
+        out = dict(p.peak_bytes())
+        for u in ins:
+            b = self._resident(u)
+            for g in u.gpus:
+                if g in out:
+                    out[g] -= b
+        return out
+
+    def _blocked(self, i: int, busy: Mapping[int, list[str]], pending: Mapping[int, int]) -> bool:
+        p = self.dag.primitives[i]
+        ms = p.model_stage
+        excl = self._excl
+        for g in p.busy_gpus:
+            if any(excl.exclusive(ms, m) for m in busy.get(g, ())):
+                return True
+        for g in p.acquires:
+            if any(excl.exclusive(ms, u.model_stage) for u in self.owners.get(g, ())):
+                return True
         if self._capacity is None:
-            return True
-        for g, b in p.peak_bytes().items():
+            return False
+        for g, b in self._buffers(p).items():
             cap = self._capacity if isinstance(self._capacity, int) else self._capacity[g]
-            if self._reserved.get(g, 0) + b > cap:
-                return False
-        return True
+            if self._reserved.get(g, 0) + self._bytes.get(g, 0) + pending.get(g, 0) + b > cap:
+                return True
+        return False
 
     def can_start(self, i: int) -> bool:
-        p = self.dag.primitives[i]
         if i not in self._waiting or self._preds_left[i]:
             return False
-        if not self._busy.isdisjoint(p.busy_gpus):
-            return False
-        if any(g in self.owner for g in p.acquires):
-            return False
-        return self._fits(p)
+        return not self._blocked(i, self._busy, {})
 
     def ready(self) -> list[int]:
-        """GPU-disjoint ready primitives in priority order (start them all)."""
+        """Ready primitives in priority order that can all start together (start them all)."""
         out: list[int] = []
-        taken: set[int] = set()
+        busy = {g: list(ms) for g, ms in self._busy.items()}
+        pending: dict[int, int] = {}
         for i in sorted(self._free, key=self._pos.__getitem__):
-            if self.can_start(i):
-                gpus = self.dag.primitives[i].busy_gpus
-                if taken.isdisjoint(gpus):
-                    out.append(i)
-                    taken |= gpus
+            if self._blocked(i, busy, pending):
+                continue
+            out.append(i)
+            p = self.dag.primitives[i]
+            for g in p.busy_gpus:
+                busy.setdefault(g, []).append(p.model_stage)
+            if self._capacity is not None:
+                for g, b in self._buffers(p).items():
+                    pending[g] = pending.get(g, 0) + b
         return out
 
     def start(self, i: int) -> None:
         if not self.can_start(i):
             raise TransitionError(f"primitive {i} is not ready")
+        p = self.dag.primitives[i]
         self._waiting.discard(i)
         self._free.discard(i)
         self._running.add(i)
-        self._busy |= self.dag.primitives[i].busy_gpus
+        for g in p.busy_gpus:
+            self._busy.setdefault(g, []).append(p.model_stage)
+        extra = self._buffers(p)
+        self._extra[i] = extra
+        for g, b in extra.items():
+            self._bytes[g] = self._bytes.get(g, 0) + b
 
     def complete(self, i: int) -> None:
         if i not in self._running:
             raise TransitionError(f"primitive {i} completed but was not running")
         p = self.dag.primitives[i]
         self._running.discard(i)
-        self._busy -= p.busy_gpus
+        for g in p.busy_gpus:
+            self._busy[g].remove(p.model_stage)
+        for g, b in self._extra.pop(i).items():
+            self._bytes[g] -= b
         for u in consumed(p):
-            self.live.discard(u)
-            for g in u.gpus:
-                self.owner.pop(g, None)
+            self._drop_unit(u)
         for u in produced(p):
-            self.live.add(u)
-            for g in u.gpus:
-                self.owner[g] = u
+            self._add_unit(u)
         self._done += 1
         self.completed.append(i)
         for j in self._succs[i]:
@@ -127,7 +191,8 @@ class Scheduler:
         parts = []
         for i in waiting:
             p = self.dag.primitives[i]
-            held = sorted({self.owner[g].model_stage for g in p.acquires if g in self.owner})
+            held = sorted({u.model_stage for g in p.acquires for u in self.owners.get(g, ())
+                           if self._excl.exclusive(p.model_stage, u.model_stage)})
             parts.append(f"{type(p).__name__} #{i} of {p.model_stage}"
                          + (f" (GPUs held by {', '.join(held)})" if held else ""))
         return "no primitive can start: " + "; ".join(parts)

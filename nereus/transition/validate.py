@@ -1,9 +1,12 @@
 """Check a transition DAG for every topological execution, not just one.
 
-The argument: if every two primitives that touch one GPU are ordered by the DAG, then the events on
-that GPU happen in the same order in every execution that starts a primitive only after its
-predecessors finished, and never overlap in time. So one symbolic run in any topological order
-decides GPU ownership and per-GPU memory for all of them. Copies: a model-stage keeps a copy
+The argument: if every two primitives that touch one GPU and belong to one model-stage or to two
+conflicting ones are ordered by the DAG, then those events on that GPU happen in the same order in
+every execution that starts a primitive only after its predecessors finished, and never overlap in
+time. So one symbolic run in any topological order decides GPU ownership for all of them, and each
+model-stage's bytes on each GPU follow the same sequence in every execution. Co-resident
+model-stages (not conflicting) may interleave freely: memory is checked with the bound of
+:mod:`residency` (the largest sum of per-model-stage levels over non-conflicting model-stages). Copies: a model-stage keeps a copy
 throughout if one of its final units descends from a source unit through Splits and Merges only, or
 else if every Destroy of it comes after an Extend whose copy survives to the end.
 """
@@ -23,6 +26,7 @@ from nereus.transition.primitives import (
     produced,
     shard_bytes,
 )
+from nereus.transition.residency import ConflictSpec, exclusion_for, memory_excess
 
 
 def topological_order(dag: TransitionDag) -> list[int]:
@@ -65,8 +69,15 @@ def validate_dag(
     capacity_bytes: int | Mapping[int, int] | None = None,
     reserved_bytes: Mapping[int, int] | None = None,
     sizer: StateSizer | None = None,
+    conflicts: ConflictSpec = None,
 ) -> None:
-    """Raise :class:`TransitionError` unless the DAG is safe in every topological execution."""
+    """Raise :class:`TransitionError` unless the DAG is safe in every topological execution.
+
+    ``conflicts`` (default: the relation the DAG was compiled with) tells which model-stages may
+    not share a GPU.
+    """
+    excl = dag.exclusion if conflicts is None else exclusion_for(
+        {u.model_stage for u in dag.source} | {u.model_stage for u in dag.target}, conflicts)
     order = topological_order(dag)
     if sorted(dag.order) != list(range(len(dag.primitives))):
         raise TransitionError("priority order is not a permutation of the primitives")
@@ -84,35 +95,36 @@ def validate_dag(
         for x in range(len(idxs)):
             for y in range(x + 1, len(idxs)):
                 a, b = idxs[x], idxs[y]
-                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1:
+                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1 \
+                        and excl.exclusive(prims[a].model_stage, prims[b].model_stage):
                     raise TransitionError(
                         f"GPU {g}: {type(prims[a]).__name__} of {prims[a].model_stage} and "
                         f"{type(prims[b]).__name__} of {prims[b].model_stage} are unordered"
                     )
     reserved = reserved_bytes or {}
-    state_bytes = {p.model_stage: p.state_bytes for p in prims}
+    state_bytes = dict(dag.state_bytes)
+    state_bytes.update({p.model_stage: p.state_bytes for p in prims})
 
     def resident(u: Emu) -> int:
         if sizer is not None:
             return shard_bytes(sizer(u.model_stage), u.layout)
         return shard_bytes(state_bytes.get(u.model_stage, 0), u.layout)
 
-    def cap_of(g: int) -> int | None:
-        if capacity_bytes is None:
-            return None
-        return capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+    # bytes per model-stage and GPU: now (live units) and the most it ever holds (its level)
+    res: dict[tuple[str, int], int] = {}
+    levels: dict[str, dict[int, int]] = {}
 
-    def check_mem(g: int, b: int, what: str) -> None:
-        cap = cap_of(g)
-        if cap is not None and reserved.get(g, 0) + b > cap:
-            raise TransitionError(f"{what}: {reserved.get(g, 0) + b} bytes on GPU {g} > {cap}")
+    def hold(m: str, g: int, b: int) -> None:
+        lv = levels.setdefault(m, {})
+        if b > lv.get(g, 0):
+            lv[g] = b
 
     live: dict[Emu, int] = {}  # unit → lineage record id
     rec_producer: list[int] = []  # -1: source
     rec_consumer: list[int] = []  # -1: alive at the end
     rec_children: list[list[int]] = []
     rec_stage: list[str] = []
-    owner: dict[int, Emu] = {}
+    owner: dict[int, list[Emu]] = {}  # GPU → live units on it
     readers: dict[Emu, list[int]] = {}
 
     def new_record(u: Emu, producer: int) -> None:
@@ -126,11 +138,15 @@ def validate_dag(
         if u in live:
             raise TransitionError(f"source lists {u} twice")
         new_record(u, -1)
+        b = resident(u)
         for g in u.gpus:
-            if g in owner:
-                raise TransitionError(f"source: GPU {g} held by two units")
-            owner[g] = u
-            check_mem(g, resident(u), f"source unit of {u.model_stage}")
+            here = owner.setdefault(g, [])
+            if any(excl.exclusive(w.model_stage, u.model_stage) for w in here):
+                raise TransitionError(f"source: GPU {g} held by two conflicting units")
+            here.append(u)
+            key = (u.model_stage, g)
+            res[key] = res.get(key, 0) + b
+            hold(u.model_stage, g, res[key])
     need = {v.model_stage for v in dag.target}
     copies: dict[str, int] = {}
     for u in dag.source:
@@ -145,8 +161,10 @@ def validate_dag(
             prod = rec_producer[live[u]]
             if prod >= 0 and not (anc[i] >> prod) & 1:
                 raise TransitionError(f"{what}: input not produced by an ancestor")
+        ms = p.model_stage
         for g, b in p.peak_bytes().items():
-            check_mem(g, b, what)
+            inputs = sum(resident(u) for u in ins if g in u.gpus)
+            hold(ms, g, res.get((ms, g), 0) - inputs + b)
         if isinstance(p, Extend):
             readers.setdefault(p.src, []).append(i)
         parents: list[int] = []
@@ -157,16 +175,23 @@ def validate_dag(
             rid = live.pop(u)
             rec_consumer[rid] = i
             parents.append(rid)
+            b = resident(u)
             for g in u.gpus:
-                del owner[g]
+                owner[g].remove(u)
+                res[(u.model_stage, g)] -= b
         for u in produced(p):
             if u.model_stage != p.model_stage:
                 raise TransitionError(f"{what}: produces a unit of {u.model_stage}")
+            b = resident(u)
             for g in u.gpus:
-                if g in owner:
-                    raise TransitionError(f"{what}: GPU {g} still held by {owner[g].model_stage}")
-                owner[g] = u
-                check_mem(g, resident(u), what)
+                here = owner.setdefault(g, [])
+                for w in here:
+                    if excl.exclusive(w.model_stage, u.model_stage):
+                        raise TransitionError(f"{what}: GPU {g} still held by {w.model_stage}")
+                here.append(u)
+                key = (u.model_stage, g)
+                res[key] = res.get(key, 0) + b
+                hold(u.model_stage, g, res[key])
             new_record(u, i)
             for rid in parents:
                 rec_children[rid].append(live[u])
@@ -178,6 +203,10 @@ def validate_dag(
         extra = set(live) - set(dag.target)
         raise TransitionError(f"end state differs from the target: {len(missing)} missing, "
                               f"{len(extra)} extra units")
+    if capacity_bytes is not None:
+        why = memory_excess(levels, excl, capacity_bytes, reserved)
+        if why is not None:
+            raise TransitionError(f"memory: {why}")
     _check_copies(dag, anc, need, rec_producer, rec_consumer, rec_children, rec_stage)
 
 
