@@ -24,7 +24,15 @@ from pack_cases import (
 )
 
 from nereus.errors import TransitionError
-from nereus.kernels.pack import backend, pack, slice_spec, specs_of_pieces, unpack
+from nereus.kernels.pack import (
+    backend,
+    pack,
+    pack_views,
+    slice_spec,
+    specs_of_pieces,
+    unpack,
+    unpack_views,
+)
 from nereus.kernels.slices import SliceSpec, merged_dims, row_geometry
 
 
@@ -159,3 +167,18 @@ def test_cpu_tensors_use_the_torch_fallback() -> None:
     assert pack([]).numel() == 0
     empty = pack([(torch.zeros(3, 3), ((1, 1), (0, 3)))])
     assert empty.numel() == 0
+
+
+def test_pack_views_is_the_runtime_hook_signature() -> None:
+    w = random_tensor((6, 8), torch.float32, 5)
+    views = [w[:, 2:5], w[1:3], w.t()[::2]]
+    buf = pack_views(views)
+    assert torch.equal(tensor_bytes(buf), torch.cat([tensor_bytes(v) for v in views]))
+    dest = torch.zeros(6, 8)
+    targets = [dest[:, 2:5], dest[4:6, 5:8]]
+    unpack_views(buf[: 6 * 3 + 6], targets)
+    assert torch.equal(tensor_bytes(dest[:, 2:5]), tensor_bytes(w[:, 2:5]))
+    assert torch.equal(tensor_bytes(dest[4:6, 5:8]), tensor_bytes(w[1:3].reshape(-1)[:6].view(2, 3)))
+    assert torch.all(dest[:4, 5:] == 0) and torch.all(dest[:, :2] == 0)
+    with pytest.raises(TransitionError, match="bytes"):
+        unpack_views(buf, targets)

@@ -14,8 +14,10 @@ How a transfer uses it (the EMU transfer plans and the runtime's executor)::
     unpack(buf, recv_pieces)                        # scatter into the destination views
 
 A piece is ``(tensor, box)``; a box is ((start, stop), ...) per dim, or any object with ``start``
-and ``stop`` tuples (``nereus.emu.boxes.Box``). The lower-level form is ``pack(tensors, slices)``
-with ``SliceSpec``s (``slice_spec`` converts a box). The buffer holds the slices back to back
+and ``stop`` tuples (``nereus.emu.boxes.Box``). Code that already holds the slices as tensor
+views uses ``pack_views(views)`` / ``unpack_views(buffer, views)`` (the same signatures as the
+runtime's plain-torch pack hook). The lower-level form is ``pack(tensors, slices)`` with
+``SliceSpec``s (``slice_spec`` converts a box). The buffer holds the slices back to back
 in the given order, each in row-major order of its sizes, with no padding, so both ends only
 have to agree on the order and shapes. A pack returns a buffer of the tensors' common dtype
 (uint8 when they differ); ``out=`` and unpack's buffer may be any contiguous tensor of exactly
@@ -352,3 +354,17 @@ def unpack(
     device = _device_of(ts, specs)
     flat = _byte_view(buffer, total, device, "unpack buffer")
     _run(ts, specs, offsets, flat, True, force_backend, tile_bytes, launch)
+
+
+def _view_specs(views: Sequence[torch.Tensor]) -> list[SliceSpec]:
+    return [SliceSpec(i, 0, tuple(v.stride()), tuple(v.shape)) for i, v in enumerate(views)]
+
+
+def pack_views(views: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """``pack`` of whole tensor views (any strides), one after another in C order each."""
+    return pack(list(views), _view_specs(views), out)
+
+
+def unpack_views(buffer: torch.Tensor, views: Sequence[torch.Tensor]) -> None:
+    """``unpack`` into whole writable tensor views: consecutive parts of ``buffer`` in order."""
+    unpack(buffer, list(views), _view_specs(views))
