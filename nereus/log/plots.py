@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from nereus.log.reader import RunLog
-from nereus.log.summary import describe_plan, plan_segments
+from nereus.log.summary import plan_segments
 
 PLOT_FILES = ("step_latency.png", "plan_timeline.png", "gpu_memory.png", "transitions.png")
 _DPI = 100
+_MARGINS = {"left": 0.12, "right": 0.88, "bottom": 0.12, "top": 0.9, "wspace": 0.3}
 _MAX_MEMORY_LINES = 16  # more GPUs than this: a heat map instead of one line per GPU
 
 
@@ -50,29 +51,24 @@ def _step_latency(plt: Any, log: RunLog) -> Any:
 
 
 def _plan_timeline(plt: Any, log: RunLog) -> Any:
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, (ax, ax_pool) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, height_ratios=[3, 1])
+    ax.set_title("Plan timeline (tp x pp x dp per model-stage; color = plan version)")
     segments = plan_segments(log)
     if not segments:
         _empty(ax, "no steps logged")
-        ax.set_title("Plan timeline")
+        _empty(ax_pool, "")
         return fig
     colors = plt.get_cmap("tab10")
     stage_names: list[str] = []
     for seg in segments:
-        plan = seg["plan"]
-        if isinstance(plan, dict) and isinstance(plan.get("stages"), list):
-            for s in plan["stages"]:
-                name = str(s.get("name", "?")) if isinstance(s, dict) else "?"
-                if name not in stage_names:
-                    stage_names.append(name)
+        for name in _stages(seg["plan"]):
+            if name not in stage_names:
+                stage_names.append(name)
     rows = stage_names or ["plan"]
     for seg in segments:
         x0, width = seg["first_step"] - 0.5, seg["last_step"] - seg["first_step"] + 1
         color = colors(seg["plan_version"] % 10)
-        plan = seg["plan"]
-        stages = {}
-        if isinstance(plan, dict) and isinstance(plan.get("stages"), list):
-            stages = {str(s.get("name")): s for s in plan["stages"] if isinstance(s, dict)}
+        stages = _stages(seg["plan"])
         for y, name in enumerate(rows):
             ax.broken_barh([(x0, width)], (y - 0.4, 0.8), facecolors=color, edgecolor="white")
             s = stages.get(name)
@@ -80,16 +76,18 @@ def _plan_timeline(plt: Any, log: RunLog) -> Any:
             ax.text(x0 + width / 2, y, label, ha="center", va="center", fontsize=7, clip_on=True)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(rows)
-    ax.set_xlabel("step")
     steps = log.steps
-    if np.any(steps["pool_gpus"] > 0):
-        ax2 = ax.twinx()
-        ax2.step(steps["step"], steps["pool_gpus"], where="mid", color="black", lw=1)
-        ax2.set_ylabel("GPU pool")
-    ax.set_title("Plan timeline (tp x pp x dp per model-stage; color = plan version)")
-    first = describe_plan(segments[0]["plan"])
-    fig.text(0.01, 0.01, f"plan {segments[0]['plan_version']}: {first}"[:150], fontsize=6)
+    ax_pool.step(steps["step"], steps["pool_gpus"], where="mid", color="black", lw=1)
+    ax_pool.set_ylabel("GPU pool")
+    ax_pool.set_xlabel("step")
     return fig
+
+
+def _stages(plan: Any) -> dict[str, dict[str, Any]]:
+    """Model-stage name -> stage dict of a plan in ``ExecutionPlan.to_dict`` form ({} otherwise)."""
+    if not (isinstance(plan, dict) and isinstance(plan.get("stages"), list)):
+        return {}
+    return {str(s.get("name", "?")): s for s in plan["stages"] if isinstance(s, dict)}
 
 
 def _gpu_memory(plt: Any, log: RunLog) -> Any:
@@ -108,12 +106,12 @@ def _gpu_memory(plt: Any, log: RunLog) -> Any:
         ax.legend(fontsize=7, ncol=2)
         ax.set_ylabel("peak memory (GiB)")
     else:
-        steps = np.unique(mem["step"])
-        grid = np.full((gpus.size, steps.size), np.nan)
-        gi = np.searchsorted(gpus, mem["global_gpu"])
-        si = np.searchsorted(steps, mem["step"])
-        np.fmax.at(grid, (gi, si), gib)
-        extent = (steps[0] - 0.5, steps[-1] + 0.5, gpus[-1] + 0.5, gpus[0] - 0.5)
+        # one cell per (GPU id, step) over their full ranges: absent GPUs and steps stay blank
+        g0, g1 = int(gpus[0]), int(gpus[-1])
+        s0, s1 = int(mem["step"].min()), int(mem["step"].max())
+        grid = np.full((g1 - g0 + 1, s1 - s0 + 1), np.nan)
+        np.fmax.at(grid, (mem["global_gpu"] - g0, mem["step"] - s0), gib)
+        extent = (s0 - 0.5, s1 + 0.5, g1 + 0.5, g0 - 0.5)
         im = ax.imshow(grid, aspect="auto", interpolation="nearest", extent=extent)
         fig.colorbar(im, ax=ax, label="peak memory (GiB)")
         ax.set_ylabel("global GPU id")
@@ -163,7 +161,8 @@ def write_plots(log: RunLog, out_dir: Path) -> list[Path]:
     ):
         fig = draw(plt, log)
         try:
-            fig.tight_layout()
+            # Fixed margins: a layout engine (tight/constrained) renders every figure twice.
+            fig.subplots_adjust(**_MARGINS)
             path = out_dir / name
             fig.savefig(path, dpi=_DPI)
             written.append(path)

@@ -77,7 +77,7 @@ class Table:
         return tuple(c.name for c in self.columns if c.kind == "json")
 
 
-_STEP = Column("step", "i8", "", "RL step index (0-based) the record belongs to")
+_STEP = Column("step", "i8", "", "RL step (0-based) of the record; -1 = before the first step")
 
 TABLES: tuple[Table, ...] = (
     Table(

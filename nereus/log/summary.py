@@ -99,6 +99,7 @@ def summarize(log: RunLog) -> dict[str, Any]:
         "admissions": admissions,
         "events": dict(Counter(log.events["kind"].tolist())),
         "calibration_samples": int(log.rows("calibration_samples")),
+        "efficiency_updates": int(log.rows("efficiencies")),
         "efficiencies": efficiencies,
         "plan_timeline": [
             {k: v for k, v in seg.items() if k != "plan"} | {"plan": describe_plan(seg["plan"])}
@@ -150,7 +151,8 @@ def format_summary(s: dict[str, Any]) -> str:
     events = ", ".join(f"{k} {v}" for k, v in sorted(s["events"].items())) or "none"
     lines.append(f"events: {events}")
     lines.append(
-        f"calibration: {s['calibration_samples']} samples, {len(s['efficiencies'])} efficiencies"
+        f"calibration: {s['calibration_samples']} samples, {s['efficiency_updates']} efficiency "
+        f"updates of {len(s['efficiencies'])} (hardware, op class)"
         + (
             " (latest: "
             + ", ".join(f"{k} {v:.3f}" for k, v in sorted(s["efficiencies"].items())[:6])
