@@ -182,6 +182,37 @@ def solve_lane(
     return states
 
 
+def _split_floor(
+    lanes: Sequence[Sequence[Sequence[str]]],
+    fast: dict[str, list[tuple[float, tuple[int, ...]]]],
+    cap: tuple[int, ...],
+) -> float:
+    """Relaxed lower bound of a two-lane step: the lanes split the pool's GPUs.
+
+    ``min over b of max(LB_0(b), LB_1(|pool| − b))`` with ``LB_l(b)`` the relaxed latency of lane
+    l within b GPUs (level 1; other levels as in the pool, a relaxation). ``LB_0`` only changes at
+    GPU counts some phase of lane 0 can use, so those are the b tried.
+    """
+
+    def lane_lb(lane: Sequence[Sequence[str]], budget: int) -> float:
+        c = (budget, *cap[1:])
+        return sum(_relaxed_min([fast[n] for n in phase], c) for phase in lane)
+
+    sizes: set[int] = set()
+    for phase in lanes[0]:
+        sums = {0}
+        for n in phase:
+            sums = {a + d[0] for a in sums for _, d in fast[n] if a + d[0] <= cap[0]}
+        sizes |= sums
+    best = float("inf")
+    for b in sorted(sizes):
+        if b <= 0:
+            continue
+        got = max(lane_lb(lanes[0], b), lane_lb(lanes[1], cap[0] - b))
+        best = min(best, got)
+    return best
+
+
 # Relative slack over the relaxed optimum tried in turn before the unbounded search.
 ROUNDS = (1e-9, 0.02, 0.1, 0.5)
 
@@ -189,8 +220,9 @@ ROUNDS = (1e-9, 0.02, 0.1, 0.5)
 def solve(problem: Problem) -> dict[str, Costed] | None:
     """The optimal choice (name → candidate) under budgets and the memory bound, or None.
 
-    Searched in rounds: with the relaxed lower bound LB of every phase (co-residency ignored)
-    and a cap U = (1 + slack)·ΣLB, options and states that cannot finish within U are dropped;
+    Searched in rounds: with the relaxed lower bound LB of every phase (co-residency ignored;
+    for two lanes also the best split of the pool between them) and a cap U = (1 + slack)·LB,
+    options and states that cannot finish within U are dropped;
     a plan found within U is optimal (nothing within U was dropped). Otherwise the next slack,
     and finally no cap.
     """
@@ -211,6 +243,8 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
     floor_s = max(lane_lb, default=0.0)
     if floor_s == float("inf"):
         return None
+    if len(lanes) == 2:
+        floor_s = max(floor_s, _split_floor(lanes, fast, cap))
     for slack in (*ROUNDS, None):
         limit = float("inf") if slack is None else floor_s * (1.0 + slack) * (1.0 + 1e-12)
         got = _solve_within(problem, pts, fronts, lbs, limit)
