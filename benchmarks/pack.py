@@ -150,7 +150,7 @@ def bench_plan(
     nbytes = sum(_nbytes(b) for b in buffers)
     refs = [_reference(b) for b in buffers]
     outs = [torch.empty(r.numel(), dtype=torch.uint8, device=device) for r in refs]
-    copy_src = [torch.empty_like(r) for r in refs]
+    copy_src = [r.clone() for r in refs]  # real data: untouched pages would read as one zero page
 
     def copy() -> None:
         for o, s in zip(outs, copy_src, strict=True):
