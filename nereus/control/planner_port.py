@@ -16,6 +16,7 @@ from nereus.cost.latency import stage_latency, step_latency_s
 from nereus.cost.memory import gpu_memory, memory_capacity_bytes
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import InfeasiblePlanError, TransitionError
+from nereus.plan.candidates import CostCache
 from nereus.plan.search import search_plan
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
@@ -86,6 +87,7 @@ class SearchPort:
     method: str = "dp"
     layouts: Mapping[str, tuple[int, int]] | None = None
     pool: tuple[int, ...] | None = None  # GPUs alive now: units elsewhere are lost
+    cache: CostCache | None = None  # per-candidate costs kept across replans (memoization only)
 
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         s = setup_for(self.setup, obs)
@@ -103,7 +105,10 @@ class SearchPort:
     def search(self, obs: Observation) -> tuple[ExecutionPlan, float] | None:
         s = setup_for(self.setup, obs)
         try:
-            res = search_plan(s, self.calib, pool=tuple(obs.pool), method=self.method, layouts=self.layouts)
+            res = search_plan(
+                s, self.calib, pool=tuple(obs.pool), method=self.method, cache=self.cache,
+                layouts=self.layouts,
+            )
         except InfeasiblePlanError:
             return None
         return res.plan, res.predicted_step_s

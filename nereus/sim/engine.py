@@ -25,6 +25,7 @@ from nereus.control.planner_port import SearchPort, plan_step_s, setup_for
 from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration
 from nereus.errors import ConfigError
+from nereus.plan.candidates import CostCache
 from nereus.sim.traces import GpuTrace, LengthTrace
 from nereus.sim.truth import HiddenTruth
 from nereus.spec.job import Setup
@@ -215,6 +216,7 @@ def simulate(
     transitions = 0
     transition_total = 0.0
     restart_cost = restart_s(setup)
+    cache = CostCache()
 
     for step in range(cfg.steps):
         while True:
@@ -222,7 +224,7 @@ def simulate(
             lp = lengths.at(step)
             effs = tuple(sorted((op.value, calib.efficiency(gpu, op)) for op, _, _ in truth.op_samples(gpu, step)))
             obs = Observation(step, lp.mean, lp.p95, pool, efficiencies=effs)
-            port = SearchPort(setup, calib, pool=pool)
+            port = SearchPort(setup, calib, pool=pool, cache=cache)
             if cfg.policy in ("nereus", "dynarl"):
                 state, d = controller_step(state, obs, spec, port)
                 adm = d.admission
