@@ -434,3 +434,18 @@ def test_docs_list_every_table_and_column() -> None:
     for attr in (*attrs, S.ATTR_INITIAL_PLAN_JSON, S.ATTR_CREATED, S.ATTR_NEREUS_VERSION):
         assert f"attribute `{attr}`" in doc
     assert f"`/{S.HEAP}`" in doc
+
+
+def test_reader_without_the_read_attempts_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where libhdf5 cannot be reached through ctypes, plain h5py SWMR opening is used."""
+    import nereus.log.reader as reader
+
+    monkeypatch.setattr(reader, "_swmr_fapl", lambda: None)
+    path = _valid_log(tmp_path)
+    assert read_run_log(path).rows("steps") == 6
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(path.read_bytes()[:3000])
+    with pytest.raises(LogFormatError, match="truncated"):
+        read_run_log(cut)
