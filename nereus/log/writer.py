@@ -105,6 +105,7 @@ class RunLogWriter:
             raise
         self._heap_len = 0
         self._pending_heap: list[bytes] = []
+        self._pending_heap_len = 0
         self._pending_rows: dict[str, list[tuple[Any, ...]]] = {t.name: [] for t in S.TABLES}
         self._transition_steps: list[int] = []
         self._last_step = -1
@@ -114,20 +115,17 @@ class RunLogWriter:
 
     # -- buffering ----------------------------------------------------------------------------
 
-    def _blob(self, value: Any) -> tuple[int, int]:
-        raw = encode_json(value)
-        off = self._heap_len + sum(len(b) for b in self._pending_heap)
-        self._pending_heap.append(raw)
-        return off, len(raw)
-
     def _row(self, table: str, values: Mapping[str, Any]) -> None:
+        """Validate and buffer one row; its JSON values go to the heap only if all fields pass."""
         if self._closed:
             raise ConfigError("run log", str(self.path), "is closed")
         row: list[Any] = []
+        blobs: list[tuple[int, bytes]] = []  # (row index of the _off field, JSON bytes)
         for c in S.TABLE_BY_NAME[table].columns:
             v = values[c.name]
             if c.kind == "json":
-                row += list(self._blob(v))
+                blobs.append((len(row), encode_json(v)))
+                row += [0, 0]
             elif c.kind == "name":
                 row.append(_name(c.name, v))
             elif c.kind == "f8":
@@ -137,6 +135,10 @@ class RunLogWriter:
             else:
                 row.append(int(v))
         row.append(1)  # committed
+        for index, raw in blobs:
+            row[index], row[index + 1] = self._heap_len + self._pending_heap_len, len(raw)
+            self._pending_heap.append(raw)
+            self._pending_heap_len += len(raw)
         self._pending_rows[table].append(tuple(row))
 
     # -- records ------------------------------------------------------------------------------
@@ -303,6 +305,7 @@ class RunLogWriter:
             self._heap[self._heap_len : end] = raw
             self._heap_len = end
             self._pending_heap.clear()
+            self._pending_heap_len = 0
         for name, rows in self._pending_rows.items():
             if not rows:
                 continue
