@@ -34,7 +34,6 @@ from nereus.transition.primitives import (
     Primitive,
     Split,
     StateSizer,
-    consumed,
     groupings_differ,
     shard_bytes,
     sub_unit_gpus,
@@ -100,16 +99,24 @@ class _Local:
         return len(self.prims) - 1
 
 
-def _best_grouping(unit: Emu, t_sub: Layout, others: set[tuple[int, ...]]) -> str:
-    """The grouping whose sub-units hit ``others`` most often (interleaved on ties)."""
-    if not groupings_differ(unit.layout, t_sub):
+def _best_grouping(options: Mapping[str, tuple[tuple[int, ...], ...]],
+                   others: AbstractSet[tuple[int, ...]]) -> str:
+    """The grouping whose sub-units (``options``: grouping → GPU tuples) hit ``others`` most
+    often (interleaved on ties)."""
+    if len(options) == 1:
         return GROUPINGS[0]
     best, hits = GROUPINGS[0], -1
-    for grp in GROUPINGS:
-        n = sum(t in others for t in sub_unit_gpus(unit, t_sub, grp))
+    for grp, tuples in options.items():
+        n = sum(t in others for t in tuples)
         if n > hits:
             best, hits = grp, n
     return best
+
+
+def _sub_options(unit: Emu, t_sub: Layout) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Sub-unit GPU tuples of ``unit`` per grouping that differs (interleaved first)."""
+    grps = GROUPINGS if groupings_differ(unit.layout, t_sub) else GROUPINGS[:1]
+    return {grp: sub_unit_gpus(unit, t_sub, grp) for grp in grps}
 
 
 @dataclass
@@ -145,44 +152,49 @@ def _local_dag(
         return loc
     loc.t_sub = t_sub
     # Per unit the sub-unit grouping that lands most sub-units exactly on a target slot.
-    src_tuples: set[tuple[int, ...]] = set()
-    for u in srcs:
-        for grp in GROUPINGS if groupings_differ(u.layout, t_sub) else GROUPINGS[:1]:
-            src_tuples.update(sub_unit_gpus(u, t_sub, grp))
-    tgt_group: dict[Emu, str] = {}
+    # Units below are keyed by their GPU tuple: every unit of this model-stage the local DAG
+    # reads, produces or destroys at t_sub has its own GPU tuple.
+    src_opts = [_sub_options(u, t_sub) if u.layout != t_sub else {} for u in srcs]
+    src_tuples: set[tuple[int, ...]] = {u.gpus for u in srcs if u.layout == t_sub}
+    for opts in src_opts:
+        for tuples in opts.values():
+            src_tuples.update(tuples)
+    tgt_parts: list[tuple[str, tuple[tuple[int, ...], ...]]] = []
     slot_gpus: set[tuple[int, ...]] = set()
     for v in tgts:
-        tgt_group[v] = _best_grouping(v, t_sub, src_tuples)
-        slot_gpus.update(sub_unit_gpus(v, t_sub, tgt_group[v]))
-    producer: dict[Emu, int] = {}
+        opts = _sub_options(v, t_sub)
+        grp = _best_grouping(opts, src_tuples)
+        tgt_parts.append((grp, opts[grp]))
+        slot_gpus.update(opts[grp])
+    producer: dict[tuple[int, ...], int] = {}
     kept: list[Emu] = []
     surplus: list[Emu] = []  # at t_sub
     whole: list[Emu] = []  # surplus units left unsplit
-    for u in srcs:
+    for u, opts in zip(srcs, src_opts, strict=True):
         if u.layout == t_sub:
             (kept if u.gpus in slot_gpus else surplus).append(u)
             continue
-        grp = _best_grouping(u, t_sub, slot_gpus)
-        subs = sub_units(u, t_sub, grp)
-        if any(s.gpus in slot_gpus for s in subs):
+        grp = _best_grouping(opts, slot_gpus)
+        if any(t in slot_gpus for t in opts[grp]):
+            subs = tuple(Emu(u.model_stage, u.state, t_sub, t) for t in opts[grp])
             i = loc.add(Split(u, subs, state_bytes, grp))
-            for s in subs:
-                producer[s] = i
-                (kept if s.gpus in slot_gpus else surplus).append(s)
+            for sub in subs:
+                producer[sub.gpus] = i
+                (kept if sub.gpus in slot_gpus else surplus).append(sub)
         else:
             whole.append(u)
-    kept_gpus = {s.gpus for s in kept}
+    kept_gpus = {k.gpus for k in kept}
     unfilled = [
         Emu(v.model_stage, v.state, t_sub, g)
-        for v in tgts
-        for g in sub_unit_gpus(v, t_sub, tgt_group[v])
+        for v, (_, parts) in zip(tgts, tgt_parts, strict=True)
+        for g in parts
         if g not in kept_gpus
     ]
     unfilled.sort(key=lambda s: any(g in held for g in s.gpus))  # free GPUs first (stable)
-    reads: dict[Emu, list[int]] = {}
+    reads: dict[tuple[int, ...], list[int]] = {}
     donor: Emu | None = None
     # Sources: kept sub-units and surplus ones on GPUs no target needs (nobody waits for them).
-    pool = [_Source(s, 1 if s in producer else 0) for s in kept]
+    pool = [_Source(s, 1 if s.gpus in producer else 0) for s in kept]
     pool += [_Source(s, 0) for s in surplus if target_gpus.isdisjoint(s.gpus)]
     pool += [_Source(r, 0) for r in replicas if r.layout == t_sub]  # units already in place
     if unfilled and not pool:
@@ -197,15 +209,15 @@ def _local_dag(
             # Copy the donor onto spare GPUs first: the donor then waits for nobody.
             stage = Emu(donor.model_stage, donor.state, t_sub, staging)
             e0 = loc.add(Extend(donor, stage, state_bytes))
-            if donor in producer:
-                loc.edges.append((producer[donor], e0, "data"))
-            reads[donor] = [e0]
-            producer[stage] = e0
+            if donor.gpus in producer:
+                loc.edges.append((producer[donor.gpus], e0, "data"))
+            reads[donor.gpus] = [e0]
+            producer[stage.gpus] = e0
             surplus.append(stage)
             pool.append(_Source(stage, 1))
             loc.staged = True
         else:
-            pool.append(_Source(donor, 1 if donor in producer else 0))
+            pool.append(_Source(donor, 1 if donor.gpus in producer else 0))
     if load:
         pool.sort(key=lambda src: (src.free_at, max(load.get(g, 0) for g in src.unit.gpus)))
     heap = [(src.free_at, k, src.unit) for k, src in enumerate(pool)]
@@ -224,42 +236,45 @@ def _local_dag(
             heapq.heappush(heap, item)
         start = max(free_at, blocked)
         e = loc.add(Extend(src, slot, state_bytes))
-        if src in producer:
-            loc.edges.append((producer[src], e, "data"))
-        prev = reads.setdefault(src, [])
+        if src.gpus in producer:
+            loc.edges.append((producer[src.gpus], e, "data"))
+        prev = reads.setdefault(src.gpus, [])
         if prev:
             loc.edges.append((prev[-1], e, "order"))
         prev.append(e)
-        if src != donor:  # the donor is read once: its GPUs may be waited for
+        if donor is None or src.gpus != donor.gpus:  # the donor is read once: it may be waited for
             heapq.heappush(heap, (start + 1, tie, src))
         heapq.heappush(heap, (start + 1, tie + 1, slot))
         tie += 2
-        producer[slot] = e
+        producer[slot.gpus] = e
     for s in surplus:
         d = loc.add(Destroy(s, state_bytes))
-        if s in producer:
-            loc.edges.append((producer[s], d, "data"))
-        loc.edges.extend((e, d, "data") for e in reads.get(s, ()))
+        if s.gpus in producer:
+            loc.edges.append((producer[s.gpus], d, "data"))
+        loc.edges.extend((e, d, "data") for e in reads.get(s.gpus, ()))
         loc.release.update(dict.fromkeys(s.gpus, d))
     for w in whole:
         d = loc.add(Destroy(w, state_bytes))
         loc.release.update(dict.fromkeys(w.gpus, d))
-    for v in tgts:
+    for v, (grp, part_gpus) in zip(tgts, tgt_parts, strict=True):
         if v.layout == t_sub:
             continue
-        parts = tuple(Emu(v.model_stage, v.state, t_sub, g)
-                      for g in sub_unit_gpus(v, t_sub, tgt_group[v]))
-        mg = loc.add(Merge(parts, v, state_bytes, tgt_group[v]))
-        for part in parts:
-            if part in producer:
-                loc.edges.append((producer[part], mg, "data"))
-            loc.edges.extend((e, mg, "data") for e in reads.get(part, ()))
-    for i, p in enumerate(loc.prims):
+        parts = tuple(Emu(v.model_stage, v.state, t_sub, g) for g in part_gpus)
+        mg = loc.add(Merge(parts, v, state_bytes, grp))
+        for g in part_gpus:
+            if g in producer:
+                loc.edges.append((producer[g], mg, "data"))
+            loc.edges.extend((e, mg, "data") for e in reads.get(g, ()))
+    prims = loc.prims
+    for i, p in enumerate(prims):
         if isinstance(p, Extend):
-            for g in p.new.gpus:
-                rel = loc.release.get(g)
-                if rel is not None and consumed(loc.prims[rel]) != (p.new,):  # not its own copy
-                    loc.edges.append((rel, i, "local"))
+            new = p.new.gpus
+            for gpu in new:
+                rel = loc.release.get(gpu)
+                if rel is not None:
+                    gone = prims[rel]
+                    if not isinstance(gone, Destroy) or gone.unit.gpus != new:  # not its copy
+                        loc.edges.append((rel, i, "local"))
     return loc
 
 
@@ -270,7 +285,7 @@ def _pick_donor(
     unfilled: list[Emu],
     t_sub: Layout,
     state_bytes: int,
-    producer: dict[Emu, int],
+    producer: dict[tuple[int, ...], int],
     held: AbstractSet[int],
     others_need: frozenset[int],
     rank: int,
@@ -310,7 +325,7 @@ def _pick_donor(
         subs = sub_units(parent, t_sub)
         i = loc.add(Split(parent, subs, state_bytes))
         for s in subs:
-            producer[s] = i
+            producer[s.gpus] = i
         surplus.extend(s for s in subs if s != donor)
     return donor
 

@@ -19,10 +19,10 @@ def primitive_duration_s(p: Primitive, cluster: ClusterSpec) -> float:
     inter = cluster.gpu.inter_node_gbps * 1e9
     send: dict[int, float] = {}
     recv: dict[int, float] = {}
-    for t in p.transfers():
-        s = t.nbytes / (intra if t.src_gpu // gpn == t.dst_gpu // gpn else inter)
-        send[t.src_gpu] = send.get(t.src_gpu, 0.0) + s
-        recv[t.dst_gpu] = recv.get(t.dst_gpu, 0.0) + s
+    for src, dst, nbytes in p.flows:
+        s = nbytes / (intra if src // gpn == dst // gpn else inter)
+        send[src] = send.get(src, 0.0) + s
+        recv[dst] = recv.get(dst, 0.0) + s
     busiest = max([*send.values(), *recv.values(), 0.0])
     return p.comm_groups * cluster.gpu.comm_setup_s + busiest
 

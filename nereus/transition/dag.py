@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from nereus.emu.unit import Emu
 from nereus.transition.primitives import Primitive
@@ -33,19 +34,19 @@ class TransitionDag:
     conflicts: frozenset[tuple[str, str]] | None = None
     state_bytes: tuple[tuple[str, int], ...] = ()  # (model-stage, bytes of its logical state)
 
-    @property
+    @cached_property
     def exclusion(self) -> Exclusion:
         names = {u.model_stage for u in self.source} | {u.model_stage for u in self.target}
         return exclusion_for(names, self.conflicts)
 
-    @property
+    @cached_property
     def preds(self) -> tuple[tuple[int, ...], ...]:
         out: list[list[int]] = [[] for _ in self.primitives]
         for a, b, _ in self.edges:
             out[b].append(a)
         return tuple(tuple(sorted(set(p))) for p in out)
 
-    @property
+    @cached_property
     def succs(self) -> tuple[tuple[int, ...], ...]:
         out: list[list[int]] = [[] for _ in self.primitives]
         for a, b, _ in self.edges:

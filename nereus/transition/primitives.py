@@ -123,16 +123,16 @@ def overlap(a: Region, b: Region) -> float:
     return dt * dp if dt > 0 and dp > 0 else 0.0
 
 
-def gather_transfers(
+def gather_areas(
     need: dict[int, Region], have: dict[int, Region], holders: list[dict[int, Region]],
-    state_bytes: int,
-) -> list[Transfer]:
-    """Transfers filling each GPU's missing part of ``need`` from one full set of ``holders``.
+) -> list[tuple[int, int, float]]:
+    """``(holder, receiver, area)`` filling each key's missing part of ``need`` from one full set
+    of ``holders`` (keys are GPUs or positions; a key never receives from itself).
 
-    ``have`` is what a GPU holds already; each holder dict (GPU → region) covers the whole state
-    once. The first holder set is used, except that a GPU never receives from itself.
+    ``have`` is what a key holds already; each holder dict (key → region) covers the whole state
+    once. The first holder set is used.
     """
-    out: list[Transfer] = []
+    out: list[tuple[int, int, float]] = []
     for g, want in need.items():
         own = have.get(g)
         for holder in holders[:1]:
@@ -145,10 +145,69 @@ def gather_transfers(
                              max(want[2], reg[2]), min(want[3], reg[3]))
                     if inter[1] > inter[0] and inter[3] > inter[2]:
                         area -= overlap(inter, own)
-                nbytes = round(area * state_bytes)
-                if nbytes > 0:
-                    out.append(Transfer(h, g, nbytes))
+                out.append((h, g, area))
     return out
+
+
+def gather_transfers(
+    need: dict[int, Region], have: dict[int, Region], holders: list[dict[int, Region]],
+    state_bytes: int,
+) -> list[Transfer]:
+    """:func:`gather_areas` in bytes of a state of ``state_bytes`` (empty transfers dropped)."""
+    out: list[Transfer] = []
+    for h, g, area in gather_areas(need, have, holders):
+        nbytes = round(area * state_bytes)
+        if nbytes > 0:
+            out.append(Transfer(h, g, nbytes))
+    return out
+
+
+Flow = tuple[int, int, int]  # (src_gpu, dst_gpu, nbytes): a Transfer as a plain tuple
+
+
+@lru_cache(maxsize=4096)
+def _allgather_pairs(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, int], ...]:
+    """Split as position-wise all-gather: ``(src position, dst position)`` inside each block."""
+    idx = _sub_index(lay, sub, grouping)
+    out: list[tuple[int, int]] = []
+    for pos in range(sub.size):
+        block = [part[pos] for part in idx]
+        out += [(a, b) for a in block for b in block if a != b]
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _split_areas(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, int, float], ...]:
+    """Split by region overlaps, in positions of the source unit."""
+    idx = _sub_index(lay, sub, grouping)
+    have = {i: region(lay, i) for i in range(lay.size)}
+    need = {pos: region(sub, j) for part in idx for j, pos in enumerate(part)}
+    return tuple(gather_areas(need, have, [have]))
+
+
+@lru_cache(maxsize=4096)
+def _merge_areas(sub: Layout, into: Layout, grouping: str) -> tuple[tuple[int, int, float], ...]:
+    """Merge of the canonical sub-units, in positions of the merged unit: each position takes
+    its missing part from the first sub-unit it is not in."""
+    idx = _sub_index(into, sub, grouping)
+    part_of = {pos: (b, j) for b, part in enumerate(idx) for j, pos in enumerate(part)}
+    holders = [{pos: region(sub, j) for j, pos in enumerate(part)} for part in idx]
+    out: list[tuple[int, int, float]] = []
+    for i in range(into.size):
+        b, j = part_of[i]
+        others = [h for k, h in enumerate(holders) if k != b] or holders
+        out += gather_areas({i: region(into, i)}, {i: region(sub, j)}, others)
+    return tuple(out)
+
+
+def _bytes_of(gpus: tuple[int, ...], areas: tuple[tuple[int, int, float], ...],
+              state_bytes: int) -> tuple[Flow, ...]:
+    out: list[Flow] = []
+    for a, b, area in areas:
+        nbytes = round(area * state_bytes)
+        if nbytes > 0:
+            out.append((gpus[a], gpus[b], nbytes))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -188,23 +247,31 @@ class Split:
         return 1
 
     def transfers(self) -> tuple[Transfer, ...]:
-        return self._transfers
+        return tuple(Transfer(*f) for f in self.flows)
 
     @cached_property
-    def _transfers(self) -> tuple[Transfer, ...]:
+    def flows(self) -> tuple[Flow, ...]:
         """Each GPU gathers the part of its new shard it lacks from the unit's other GPUs."""
         lay, sub = self.src.layout, self.into[0].layout
+        gpus = self.src.gpus
+        canonical = tuple(u.gpus for u in self.into) == sub_unit_gpus(self.src, sub, self.grouping)
         if self.grouping == "interleaved" or not groupings_differ(lay, sub):
             # position-wise all-gather: every block member sends its whole shard to the others
             part = round(self.state_bytes / lay.size)
-            out: list[Transfer] = []
+            if canonical:
+                return tuple((gpus[a], gpus[b], part)
+                             for a, b in _allgather_pairs(lay, sub, self.grouping))
+            out: list[Flow] = []
             for pos in range(sub.size):
                 block = [u.gpus[pos] for u in self.into]
-                out += [Transfer(a, b, part) for a in block for b in block if a != b]
+                out += [(a, b, part) for a in block for b in block if a != b]
             return tuple(out)
+        if canonical:
+            return _bytes_of(gpus, _split_areas(lay, sub, self.grouping), self.state_bytes)
         have = {g: region(lay, i) for i, g in enumerate(self.src.gpus)}
         need = {g: region(sub, i) for u in self.into for i, g in enumerate(u.gpus)}
-        return tuple(gather_transfers(need, have, [have], self.state_bytes))
+        return tuple((t.src_gpu, t.dst_gpu, t.nbytes)
+                     for t in gather_transfers(need, have, [have], self.state_bytes))
 
     def peak_bytes(self) -> dict[int, int]:
         """Source shard kept until the collective finishes, plus the gathered shard."""
@@ -250,24 +317,29 @@ class Merge:
         return need, have, holders
 
     def transfers(self) -> tuple[Transfer, ...]:
-        return self._transfers
+        return tuple(Transfer(*f) for f in self.flows)
 
     @cached_property
-    def _transfers(self) -> tuple[Transfer, ...]:
+    def flows(self) -> tuple[Flow, ...]:
+        sub, into = self.srcs[0].layout, self.into.layout
+        if tuple(u.gpus for u in self.srcs) == sub_unit_gpus(self.into, sub, self.grouping):
+            return _bytes_of(self.into.gpus, _merge_areas(sub, into, self.grouping),
+                             self.state_bytes)
         need, have, holders = self._sides()
-        out: list[Transfer] = []
+        out: list[Flow] = []
         for g, want in need.items():
             # take from the replica that is not this GPU's own (it lacks exactly this part)
             others = [h for h in holders if g not in h] or holders
-            out += gather_transfers({g: want}, {g: have[g]}, others, self.state_bytes)
+            out += [(t.src_gpu, t.dst_gpu, t.nbytes) for t in
+                    gather_transfers({g: want}, {g: have[g]}, others, self.state_bytes)]
         return tuple(out)
 
     def peak_bytes(self) -> dict[int, int]:
         """Resident sub-unit shard plus the received missing part."""
         base = shard_bytes(self.state_bytes, self.srcs[0].layout)
         out = dict.fromkeys(self.into.gpus, base)
-        for t in self.transfers():
-            out[t.dst_gpu] += t.nbytes
+        for _, dst, nbytes in self.flows:
+            out[dst] += nbytes
         return out
 
 
@@ -300,8 +372,12 @@ class Extend:
         return 1  # the pair communicators are created concurrently
 
     def transfers(self) -> tuple[Transfer, ...]:
+        return tuple(Transfer(*f) for f in self.flows)
+
+    @property
+    def flows(self) -> tuple[Flow, ...]:
         sb = shard_bytes(self.state_bytes, self.src.layout)
-        return tuple(Transfer(a, b, sb) for a, b in zip(self.src.gpus, self.new.gpus, strict=True))
+        return tuple((a, b, sb) for a, b in zip(self.src.gpus, self.new.gpus, strict=True))
 
     def peak_bytes(self) -> dict[int, int]:
         """Sender: resident shard + one contiguous send buffer; receiver: the new shard."""
@@ -339,6 +415,10 @@ class Destroy:
         return 0
 
     def transfers(self) -> tuple[Transfer, ...]:
+        return ()
+
+    @property
+    def flows(self) -> tuple[Flow, ...]:
         return ()
 
     def peak_bytes(self) -> dict[int, int]:
