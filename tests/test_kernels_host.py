@@ -24,7 +24,7 @@ from pack_cases import check_pack, check_roundtrip, check_unpack, random_pieces
 
 from nereus.kernels import table as desc_table
 from nereus.kernels.pack import pack, unpack
-from nereus.kernels.slices import SliceSpec
+from nereus.kernels.slices import SliceSpec, row_geometry
 
 REPO = Path(__file__).resolve().parent.parent
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -148,3 +148,18 @@ def test_benchmark_plans_through_host_kernels(host_lib: ctypes.CDLL, plan: str) 
     for buf in buffers:
         check_pack(buf, **kw)
         check_unpack(buf, shift=2, **kw)
+
+
+def test_host_mode_flags_units_a_gpu_would_fault_on(host_lib: ctypes.CDLL) -> None:
+    """Every access above is checked for alignment to its unit; a table that claims 16-byte units
+    on an odd address is reported (return code 2), so the vector-width rule is tested on CPU."""
+    src = torch.arange(64, dtype=torch.uint8)
+    out = torch.zeros(32, dtype=torch.uint8)
+    geometry = row_geometry(SliceSpec(0, 1, (1,), (32,)), 1)
+    assert geometry is not None
+    copy = desc_table.Copy(src.data_ptr() + 1, out.data_ptr(), geometry)
+    table, n_tiles = desc_table.build_table([copy])
+    assert table[0, desc_table.VEC_BYTES] == 1
+    assert host_lib.nereus_pack_host(table.ctypes.data, 1, n_tiles, 0, 32) == 0
+    table[0, desc_table.VEC_BYTES] = 16  # a wrong claim
+    assert host_lib.nereus_pack_host(table.ctypes.data, 1, n_tiles, 0, 32) == 2

@@ -34,9 +34,18 @@ typedef cudaError_t gpuError_t;
 #if NEREUS_GPU
 #define NEREUS_HD __host__ __device__ __forceinline__
 #define NEREUS_UNROLL _Pragma("unroll")
+#define NEREUS_CHECK_ALIGNED(ptr, bytes) ((void)0)
 #else
 #define NEREUS_HD inline
 #define NEREUS_UNROLL
+// The host mode counts accesses a GPU would fault on (a unit not aligned to its size).
+extern int nereus_host_misaligned;
+#define NEREUS_CHECK_ALIGNED(ptr, bytes)                                   \
+  do {                                                                     \
+    if (reinterpret_cast<uintptr_t>(ptr) % (bytes) != 0) {                 \
+      ++nereus_host_misaligned;                                            \
+    }                                                                      \
+  } while (0)
 #endif
 
 // Copy units of 1, 2, 4, 8 and 16 bytes; the 16-byte one compiles to one 128-bit load/store.
@@ -52,4 +61,19 @@ struct alignas(8) nereus_host_u64x1 { uint32_t v[2]; };
 struct alignas(16) nereus_host_u128 { uint32_t v[4]; };
 template <> struct nereus_vec<8> { typedef nereus_host_u64x1 type; };
 template <> struct nereus_vec<16> { typedef nereus_host_u128 type; };
+#endif
+
+// Loads and stores of one copy unit. The host mode goes through memcpy, so that an access a GPU
+// would fault on is counted (NEREUS_CHECK_ALIGNED) instead of crashing the test process.
+#if NEREUS_GPU
+template <typename V> NEREUS_HD V nereus_load(const char* p) { return *reinterpret_cast<const V*>(p); }
+template <typename V> NEREUS_HD void nereus_store(char* p, const V& v) { *reinterpret_cast<V*>(p) = v; }
+#else
+#include <string.h>
+template <typename V> NEREUS_HD V nereus_load(const char* p) {
+  V v;
+  memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V> NEREUS_HD void nereus_store(char* p, const V& v) { memcpy(p, &v, sizeof(V)); }
 #endif

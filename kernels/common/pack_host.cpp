@@ -10,11 +10,16 @@
 
 #include "common/pack_kernel.h"
 
+int nereus_host_misaligned = 0;
+
+// Returns 0; 1 for a bad thread count; 2 when some access was not aligned to its unit (a GPU
+// would have faulted; the bytes are still copied).
 extern "C" int nereus_pack_host(const int64_t* desc, int64_t n_slices, int64_t n_tiles, int unpack,
                                 int threads) {
   if (threads <= 0) {
     return 1;
   }
+  nereus_host_misaligned = 0;
   const uint32_t nthreads = static_cast<uint32_t>(threads);
   for (int64_t t = 0; t < n_tiles; ++t) {
     for (uint32_t tid = 0; tid < nthreads; ++tid) {
@@ -25,7 +30,7 @@ extern "C" int nereus_pack_host(const int64_t* desc, int64_t n_slices, int64_t n
       }
     }
   }
-  return 0;
+  return nereus_host_misaligned == 0 ? 0 : 2;
 }
 
 extern "C" int nereus_pack_host_desc_fields(void) { return NEREUS_PACK_DESC_FIELDS; }

@@ -84,7 +84,8 @@ NEREUS_HD void copy_tile_units(const Slice& sl, uint32_t row0, uint32_t nrows, i
       const uint32_t i = base + static_cast<uint32_t>(u) * nthreads;
       if (i < total) {
         const char* from = Unpack ? packed + static_cast<int64_t>(i) * unit : strided_at(i);
-        units[u] = *reinterpret_cast<const V*>(from);
+        NEREUS_CHECK_ALIGNED(from, sizeof(V));
+        units[u] = nereus_load<V>(from);
       }
     }
     NEREUS_UNROLL
@@ -92,7 +93,8 @@ NEREUS_HD void copy_tile_units(const Slice& sl, uint32_t row0, uint32_t nrows, i
       const uint32_t i = base + static_cast<uint32_t>(u) * nthreads;
       if (i < total) {
         char* to = Unpack ? strided_at(i) : packed + static_cast<int64_t>(i) * unit;
-        *reinterpret_cast<V*>(to) = units[u];
+        NEREUS_CHECK_ALIGNED(to, sizeof(V));
+        nereus_store<V>(to, units[u]);
       }
     }
   }
