@@ -47,3 +47,17 @@ def test_simulate_bad_input(extra: list[str], needle: str, capsys: pytest.Captur
     rc = main([*BASE, *extra])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_simulate_writes_a_run_log_that_report_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "sim.h5"
+    rc = main([*BASE, "--gpu-trace", str(SPOT), "--steps", "8", "--gpus-per-trace-node", "2",
+               "--max-gpus", "32", "--log", str(log), "--json"])
+    assert rc == 0
+    capsys.readouterr()
+    assert main(["report", str(log), "--json", "--no-plots"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 8 and summary["closed"]
+    assert summary["replans"] >= 1 and summary["plan_timeline"]
+    assert main([*BASE, "--gpu-trace", str(SPOT), "--steps", "2", "--log", str(log)]) == 2
+    assert "never overwritten" in capsys.readouterr().err

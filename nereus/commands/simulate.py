@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -58,6 +59,26 @@ def load_lengths(spec: str) -> Any:
     return load_length_trace(spec)
 
 
+def write_log(writer: Any, result: Any) -> None:
+    """The simulated run as a run log: steps, admissions, transitions, pool changes."""
+    last_pool = None
+    for r in result.records:
+        if last_pool is not None and r.pool_gpus != last_pool:
+            writer.log_event(r.step, "gpu-pool-change", {"from": last_pool, "to": r.pool_gpus}, time_s=r.clock_s)
+        last_pool = r.pool_gpus
+        if r.triggers:
+            writer.log_replan(r.step, ",".join(r.triggers), [], {"current_step_s": r.predicted_step_s}, {})
+        if r.admission is not None and r.admission["path"] != "initial":
+            a = r.admission
+            writer.log_admission(r.step, a["admitted"], a["path"], a["reason"], a["delta_l_s"],
+                                 a["transition_s"], a["horizon_steps"])
+        if r.event in ("transition", "restart"):
+            writer.log_transition(r.step, {"kind": r.event}, [], 0, r.transition_s, r.transition_s, r.plan_dict)
+        writer.log_step(r.step, step_s=r.step_s, gen_len_mean=r.gen_len, pool_gpus=r.pool_gpus,
+                        wall_time_s=r.clock_s, flush=False)
+    writer.flush()
+
+
 def _handler(args: argparse.Namespace) -> int:
     from nereus.commands.plan import build_setup
     from nereus.cost.calibration import default_calibration
@@ -76,7 +97,17 @@ def _handler(args: argparse.Namespace) -> int:
     gpu = setup.cluster.gpu
     truth = HiddenTruth(hidden_calibration(default_calibration(), gpu, args.seed), args.noise, args.seed)
     start = conservative_calibration(gpu.name) if args.conservative_start else default_calibration()
+    if args.log and os.path.exists(args.log):
+        raise ConfigError("--log", args.log, "exists; a run log is never overwritten — pick a new file")
     result = simulate(setup, trace, lengths, cfg, truth, start, progress=_progress(not args.json))
+    if args.log:
+        from nereus.log.writer import RunLogWriter
+
+        meta = {"kind": "simulation", "policy": cfg.policy, "steps": cfg.steps, "seed": cfg.seed,
+                "gpu_trace": args.gpu_trace, "length_trace": args.length_trace}
+        first = result.records[0].plan_dict
+        with RunLogWriter(args.log, meta, {"argv": sys.argv[1:]}, initial_plan=first) as writer:
+            write_log(writer, result)
     if args.json:
         print(json.dumps(result.summary()))
         return 0
@@ -112,5 +143,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--noise", type=float, default=0.02, help="relative noise of true step times")
     p.add_argument("--conservative-start", action="store_true", dest="conservative_start",
                    help="start calibration at 0.3 of peak for every op class")
+    p.add_argument("--log", help="write the run as an HDF5 run log (read it with nereus report)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_handler)

@@ -39,7 +39,9 @@ COMMITTED = "committed"
 # Identifier columns are fixed-length ASCII strings of this many bytes.
 NAME_BYTES = 32
 
-ADMISSION_PATHS = ("urgent", "opportunistic")
+# Controller paths (nereus.control.admission): "restart" is the urgent fallback to
+# checkpoint/restart, "initial" the first plan, "none" an urgent replan that found nothing.
+ADMISSION_PATHS = ("urgent", "opportunistic", "restart", "initial", "none")
 
 # Event kinds the runtime and the writer emit; others are allowed if they are short identifiers.
 KNOWN_EVENT_KINDS = (
@@ -158,7 +160,7 @@ TABLES: tuple[Table, ...] = (
         (
             _STEP,
             Column("admitted", "bool", "", "whether the new plan was admitted"),
-            Column("path", "name", "", "urgent or opportunistic"),
+            Column("path", "name", "", "urgent, opportunistic, restart, initial or none"),
             Column("reason", "json", "", "why (a JSON string or object)"),
             Column("delta_l_s", "f8", "s", "predicted per-step latency gain L_cur - L_new"),
             Column("transition_s", "f8", "s", "predicted transition time"),

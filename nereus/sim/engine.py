@@ -17,7 +17,8 @@ Policies:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from nereus.control.admission import Admission
 from nereus.control.controller import ControllerState, controller_step
@@ -71,6 +72,9 @@ class StepRecord:
     event: str  # "", "initial", "transition", "restart", "rejected", ...
     plan: str  # e.g. "actor-train=(dp,tp,pp) ..."
     max_gpu_id: int  # highest GPU id the plan uses
+    plan_dict: dict[str, Any] = field(default_factory=dict, compare=False)
+    triggers: tuple[str, ...] = ()
+    admission: dict[str, Any] | None = None  # path, admitted, reason, delta_l_s, horizon_steps
 
 
 @dataclass(frozen=True)
@@ -225,9 +229,18 @@ def simulate(
             effs = tuple(sorted((op.value, calib.efficiency(gpu, op)) for op, _, _ in truth.op_samples(gpu, step)))
             obs = Observation(step, lp.mean, lp.p95, pool, efficiencies=effs)
             port = SearchPort(setup, calib, pool=pool, cache=cache)
+            triggers: tuple[str, ...] = ()
+            adm_row: dict[str, Any] | None = None
             if cfg.policy in ("nereus", "dynarl"):
                 state, d = controller_step(state, obs, spec, port)
                 adm = d.admission
+                triggers = d.triggers
+                if adm is not None:
+                    adm_row = {
+                        "path": adm.path, "admitted": adm.admitted, "reason": adm.reason,
+                        "delta_l_s": adm.delta_l_s, "transition_s": adm.transition_s,
+                        "horizon_steps": adm.horizon_steps,
+                    }
                 event, trans_s, new_plan = _controller_outcome(adm, plan, truth, step, restart_cost)
             else:
                 event, trans_s, new_plan = _baseline_outcome(cfg, port, obs, plan, layouts, truth, step, restart_cost)
@@ -248,6 +261,7 @@ def simulate(
         records.append(StepRecord(
             step, clock.t_s, len(pool), lp.mean, step_s, predicted, trans_s, event,
             plan_label(plan), max(g for sp in plan.stages for g in sp.gpus),
+            plan.to_dict() if event else {}, triggers, adm_row,
         ))
         clock.t_s += trans_s + step_s
         for op, ideal_s, measured_s in truth.op_samples(gpu, step):
