@@ -63,8 +63,15 @@ def _sub_position(lay: Layout, sub: Layout, b: int, j_pp: int, j_tp: int, groupi
     return (bp * sub.pp + j_pp) * lay.tp + bt * sub.tp + j_tp
 
 
-@lru_cache(maxsize=4096)
+# The caches below are keyed by plain ints (C-level hashing): Layout hashes in Python.
 def _sub_index(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, ...], ...]:
+    return _sub_index_n(lay.tp, lay.pp, sub.tp, sub.pp, grouping)
+
+
+@lru_cache(maxsize=4096)
+def _sub_index_n(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
+                 ) -> tuple[tuple[int, ...], ...]:
+    lay, sub = Layout(tp, pp), Layout(sub_tp, sub_pp)
     return tuple(
         tuple(
             _sub_position(lay, sub, b, j_pp, j_tp, grouping)
@@ -75,10 +82,15 @@ def _sub_index(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, ...]
     )
 
 
-@lru_cache(maxsize=4096)
 def groupings_differ(lay: Layout, sub: Layout) -> bool:
     """False when both groupings give the same sub-units (one split axis, or sub 1 on it)."""
-    return _sub_index(lay, sub, GROUPINGS[0]) != _sub_index(lay, sub, GROUPINGS[1])
+    return _groupings_differ_n(lay.tp, lay.pp, sub.tp, sub.pp)
+
+
+@lru_cache(maxsize=4096)
+def _groupings_differ_n(tp: int, pp: int, sub_tp: int, sub_pp: int) -> bool:
+    return _sub_index_n(tp, pp, sub_tp, sub_pp, GROUPINGS[0]) != \
+        _sub_index_n(tp, pp, sub_tp, sub_pp, GROUPINGS[1])
 
 
 def sub_unit_gpus(
@@ -86,7 +98,9 @@ def sub_unit_gpus(
 ) -> tuple[tuple[int, ...], ...]:
     """GPU tuples of the sub-units that splitting ``unit`` into layout ``sub`` produces."""
     g = unit.gpus
-    return tuple(tuple(g[i] for i in idx) for idx in _sub_index(unit.layout, sub, grouping))
+    lay = unit.layout
+    return tuple(tuple(g[i] for i in idx)
+                 for idx in _sub_index_n(lay.tp, lay.pp, sub.tp, sub.pp, grouping))
 
 
 def sub_units(unit: Emu, sub: Layout, grouping: str = "interleaved") -> tuple[Emu, ...]:
@@ -166,9 +180,11 @@ Flow = tuple[int, int, int]  # (src_gpu, dst_gpu, nbytes): a Transfer as a plain
 
 
 @lru_cache(maxsize=4096)
-def _allgather_pairs(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, int], ...]:
+def _allgather_pairs(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
+                     ) -> tuple[tuple[int, int], ...]:
     """Split as position-wise all-gather: ``(src position, dst position)`` inside each block."""
-    idx = _sub_index(lay, sub, grouping)
+    sub = Layout(sub_tp, sub_pp)
+    idx = _sub_index_n(tp, pp, sub_tp, sub_pp, grouping)
     out: list[tuple[int, int]] = []
     for pos in range(sub.size):
         block = [part[pos] for part in idx]
@@ -177,8 +193,10 @@ def _allgather_pairs(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int
 
 
 @lru_cache(maxsize=4096)
-def _split_areas(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, int, float], ...]:
+def _split_areas(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
+                 ) -> tuple[tuple[int, int, float], ...]:
     """Split by region overlaps, in positions of the source unit."""
+    lay, sub = Layout(tp, pp), Layout(sub_tp, sub_pp)
     idx = _sub_index(lay, sub, grouping)
     have = {i: region(lay, i) for i in range(lay.size)}
     need = {pos: region(sub, j) for part in idx for j, pos in enumerate(part)}
@@ -186,9 +204,11 @@ def _split_areas(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, in
 
 
 @lru_cache(maxsize=4096)
-def _merge_areas(sub: Layout, into: Layout, grouping: str) -> tuple[tuple[int, int, float], ...]:
+def _merge_areas(sub_tp: int, sub_pp: int, tp: int, pp: int, grouping: str
+                 ) -> tuple[tuple[int, int, float], ...]:
     """Merge of the canonical sub-units, in positions of the merged unit: each position takes
     its missing part from the first sub-unit it is not in."""
+    sub, into = Layout(sub_tp, sub_pp), Layout(tp, pp)
     idx = _sub_index(into, sub, grouping)
     part_of = {pos: (b, j) for b, part in enumerate(idx) for j, pos in enumerate(part)}
     holders = [{pos: region(sub, j) for j, pos in enumerate(part)} for part in idx]
@@ -260,14 +280,16 @@ class Split:
             part = round(self.state_bytes / lay.size)
             if canonical:
                 return tuple((gpus[a], gpus[b], part)
-                             for a, b in _allgather_pairs(lay, sub, self.grouping))
+                             for a, b in _allgather_pairs(lay.tp, lay.pp, sub.tp, sub.pp,
+                                                          self.grouping))
             out: list[Flow] = []
             for pos in range(sub.size):
                 block = [u.gpus[pos] for u in self.into]
                 out += [(a, b, part) for a in block for b in block if a != b]
             return tuple(out)
         if canonical:
-            return _bytes_of(gpus, _split_areas(lay, sub, self.grouping), self.state_bytes)
+            return _bytes_of(gpus, _split_areas(lay.tp, lay.pp, sub.tp, sub.pp, self.grouping),
+                             self.state_bytes)
         have = {g: region(lay, i) for i, g in enumerate(self.src.gpus)}
         need = {g: region(sub, i) for u in self.into for i, g in enumerate(u.gpus)}
         return tuple((t.src_gpu, t.dst_gpu, t.nbytes)
@@ -323,7 +345,8 @@ class Merge:
     def flows(self) -> tuple[Flow, ...]:
         sub, into = self.srcs[0].layout, self.into.layout
         if tuple(u.gpus for u in self.srcs) == sub_unit_gpus(self.into, sub, self.grouping):
-            return _bytes_of(self.into.gpus, _merge_areas(sub, into, self.grouping),
+            return _bytes_of(self.into.gpus,
+                             _merge_areas(sub.tp, sub.pp, into.tp, into.pp, self.grouping),
                              self.state_bytes)
         need, have, holders = self._sides()
         out: list[Flow] = []
