@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "nereus.commands.inventory",
     "nereus.commands.report",
     "nereus.commands.simulate",
+    "nereus.commands.run",
 )
 
 

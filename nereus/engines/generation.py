@@ -1,0 +1,152 @@
+"""Generation with a KV cache on Megatron-core's static inference path (CPU, effectful).
+
+Megatron-core 0.16.1's static inference (``StaticInferenceContext``) runs on CPU with two
+per-instance changes to a built GPTModel (no parameters change, so EMU state transfer is
+unaffected): every self-attention's ``_allocate_memory`` allocates the KV cache on CPU, and the
+core attention handles a query shorter than the keys (decode) with a bottom-right aligned causal
+mask. Prefill returns only the last position's logits; each decode step feeds one token.
+
+Sampling is inverse-CDF with uniforms drawn per *global sample index* (not per replica), so the
+same seed gives the same tokens under any DP/TP layout up to floating-point reduction order.
+On GPU clusters this interface is served by vLLM (not installed here: that path is not built).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nereus.rl.task import EOS, PAD
+from nereus.runtime.train import _GatherLastDim
+
+
+def _cpu_allocate_memory(self: Any, n: int, b: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(n, b, self.num_query_groups_per_partition, dim, dtype=dtype)
+
+
+def _kv_core_forward(self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
+                     attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+    heads, groups = query.shape[2], key.shape[2]
+    if heads != groups:
+        key = key.repeat_interleave(heads // groups, dim=2)
+        value = value.repeat_interleave(heads // groups, dim=2)
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
+    sq, sk = q.shape[2], k.shape[2]
+    if sq == sk:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+    else:  # decode: the new queries sit at the end of the key sequence
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale)
+    return out.permute(2, 0, 1, 3).reshape(sq, query.shape[1], heads * query.shape[3])
+
+
+def _gathering_output_forward(orig: Any, tp_group: dist.ProcessGroup) -> Any:
+    """The output layer's forward, gathering the vocab shards with our CPU all-gather
+    (Megatron's gather allocates its buffer on CUDA)."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        kwargs["runtime_gather_output"] = False
+        local, bias = orig(*args, **kwargs)
+        return _GatherLastDim.apply(local, tp_group), bias
+
+    return forward
+
+
+def enable_kv_cache(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> None:
+    """Patch ``model``'s instances for CPU KV-cache inference (call once per model)."""
+    if getattr(model, "_nereus_kv_ready", False):
+        return
+    model._nereus_kv_ready = True  # type: ignore[assignment]
+    out_layer: Any = model.output_layer
+    out_layer.forward = _gathering_output_forward(out_layer.forward, tp_group)
+    for layer in model.decoder.layers:  # type: ignore[union-attr]
+        attn = layer.self_attention
+        attn._allocate_memory = types.MethodType(_cpu_allocate_memory, attn)
+        core = attn.core_attention
+        core.forward = types.MethodType(_kv_core_forward, core)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """``tokens`` [b, P+T] (prompt then response, PAD after EOS), ``logp`` [b, T] sampling
+    log-probs of the response tokens, ``mask`` [b, T] 1 on response tokens (EOS included),
+    ``kv_cache_bytes`` the bytes the KV cache held."""
+
+    tokens: torch.Tensor
+    logp: torch.Tensor
+    mask: torch.Tensor
+    kv_cache_bytes: int
+
+
+def sample_uniforms(seed: int, step: int, sample_ids: np.ndarray, max_new: int) -> torch.Tensor:
+    """[b, max_new] uniforms of the global samples ``sample_ids`` at ``step`` (layout-free)."""
+    rows = [np.random.Generator(np.random.PCG64([seed, step, int(i), 7])).random(max_new)
+            for i in sample_ids]
+    return torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, max_new,
+                                                                     dtype=torch.float64)
+
+
+def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> tuple[torch.Tensor,
+                                                                            torch.Tensor]:
+    logp_all = torch.log_softmax(logits.double() / temperature, dim=-1)
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
+    cdf = torch.cumsum(logp_all.exp(), dim=-1).contiguous()
+    tok = torch.searchsorted(cdf, u.double().reshape(-1, 1).contiguous()).squeeze(-1).clamp_max(
+        logits.shape[-1] - 1)
+    return tok, logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch.Tensor,
+             uniforms: torch.Tensor, max_new: int, temperature: float = 1.0,
+             greedy: bool = False) -> Generated:
+    """Sample up to ``max_new`` tokens after ``prompts`` [b, P] with a KV cache.
+
+    Every tp rank of the unit calls this with the same inputs (Megatron gathers the vocab-parallel
+    logits over the unit's tp group, ``tp_group`` is that group). Stops early when every sequence has emitted EOS."""
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    b, p_len = prompts.shape
+    ctx = StaticInferenceContext(max(b, 1), p_len + max_new)
+    out = torch.full((b, max_new), PAD, dtype=torch.long)
+    logp = torch.zeros(b, max_new, dtype=torch.float64)
+    mask = torch.zeros(b, max_new, dtype=torch.float64)
+    done = torch.zeros(b, dtype=torch.bool)
+    model.eval()
+    with torch.no_grad():
+        positions = torch.arange(p_len).expand(b, p_len)
+        local = model(prompts, positions, None, inference_context=ctx,
+                      runtime_gather_output=True)
+        ctx.sequence_len_offset += p_len
+        for t in range(max_new):
+            logits = local[:, -1, :]  # gathered over tp by Megatron
+            if greedy:
+                tok = logits.argmax(dim=-1)
+                lp = torch.log_softmax(logits.double() / temperature, -1).gather(
+                    -1, tok.unsqueeze(-1)).squeeze(-1)
+            else:
+                tok, lp = _pick(logits, uniforms[:, t], temperature)
+            live = ~done
+            out[:, t] = torch.where(live, tok, torch.full_like(tok, PAD))
+            logp[:, t] = torch.where(live, lp, torch.zeros_like(lp))
+            mask[:, t] = live.double()
+            done = done | (tok == EOS)
+            if bool(done.all()) or t == max_new - 1:
+                break
+            pos = torch.full((b, 1), p_len + t, dtype=torch.long)
+            local = model(out[:, t:t + 1], pos, None, inference_context=ctx,
+                          runtime_gather_output=True)
+            ctx.sequence_len_offset += 1
+    kv_bytes = 0
+    for mem in ctx.key_value_memory_dict.values():
+        kv_bytes += sum(int(m.numel() * m.element_size()) for m in mem
+                        if isinstance(m, torch.Tensor))
+    model.train()
+    return Generated(torch.cat([prompts, out], dim=1), logp, mask, kv_bytes)

@@ -1,0 +1,145 @@
+"""Rank 0's controller: the pure controller state machine over the virtual CPU cluster.
+
+Rank 0 also works as a rank (it holds units like any other rank): on CPU every rank plays one
+GPU and the controller's work (a plan search over a few hundred candidates) takes milliseconds at
+a step boundary, so reserving a rank for it would waste 1/N of the machine. The port is the
+simulator's :class:`SearchPort` with two CPU-runtime rules on top: every model-stage runs pp=1
+(the CPU runtime has no pipeline schedule; plans with pp > 1 are re-searched with that stage
+pinned to (tp, 1)), and a transition with no executable DAG is costed as the in-process
+checkpoint/restart the runtime performs (gather the global state, reload into the new layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nereus.control.controller import ControllerState, Decision, PlanEvaluation, controller_step
+from nereus.control.planner_port import SearchPort
+from nereus.control.signals import Observation
+from nereus.cost.calibration import default_calibration
+from nereus.spec.job import Setup
+from nereus.spec.plan import ExecutionPlan
+from nereus.transition.primitives import ADAM_FP32_BYTES_PER_PARAM
+
+MAX_PIN_ROUNDS = 4
+
+
+def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: ExecutionPlan) -> float:
+    """Gather every changed model-stage's state to all ranks and load it: 2 × state bytes over
+    the inter-node link, plus one communicator set-up per unit of the target."""
+    gpu = setup.cluster.gpu
+    changed = [sp for sp in target.stages if sp not in current.stages]
+    nbytes = 0
+    for sp in changed:
+        ms = setup.job.workflow.by_name(sp.name)
+        params = setup.job.model(ms.role).num_params()
+        nbytes += params * (4 + (ADAM_FP32_BYTES_PER_PARAM if ms.trainable else 0))
+    units = sum(sp.dp for sp in target.stages)
+    return 2 * nbytes / (gpu.inter_node_gbps * 1e9) + units * gpu.comm_setup_s
+
+
+@dataclass(frozen=True)
+class CpuPort:
+    base: SearchPort
+
+    def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
+        return self.base.evaluate(plan, obs)
+
+    def _pp1(self, found: tuple[ExecutionPlan, float] | None, obs: Observation,
+             pins: Mapping[str, tuple[int, int]] | None = None
+             ) -> tuple[ExecutionPlan, float] | None:
+        layouts = dict(pins or {})
+        for _ in range(MAX_PIN_ROUNDS):
+            if found is None:
+                return None
+            deep = {sp.name: (sp.tp, 1) for sp in found[0].stages if sp.pp > 1}
+            if not deep:
+                return found
+            layouts.update(deep)
+            found = replace(self.base, layouts=layouts).search(obs)
+        return None
+
+    def search(self, obs: Observation, layouts: Mapping[str, tuple[int, int]] | None = None
+               ) -> tuple[ExecutionPlan, float] | None:
+        return self._pp1(replace(self.base, layouts=layouts).search(obs), obs, layouts)
+
+    def options(self, obs: Observation, current: ExecutionPlan | None
+                ) -> Sequence[tuple[ExecutionPlan, float]]:
+        out: list[tuple[ExecutionPlan, float]] = []
+        best = self.search(obs)
+        if best is not None:
+            out.append(best)
+        if current is not None:
+            keep = {sp.name: (sp.tp, 1) for sp in current.stages}
+            pinned = self.search(obs, keep)
+            if pinned is not None and (best is None or pinned[0] != best[0]):
+                out.append(pinned)
+        out.sort(key=lambda o: o[1])
+        return out
+
+    def transition_s(self, current: ExecutionPlan, target: ExecutionPlan) -> float | None:
+        dag_s = self.base.transition_s(current, target)
+        if dag_s is not None:
+            return dag_s
+        return restart_in_process_s(self.base.setup, current, target)
+
+
+class RankZeroController:
+    """Holds the controller state and the pool; every decision is plain data."""
+
+    def __init__(self, setup: Setup, adapt: bool) -> None:
+        self.setup = setup
+        self.adapt = adapt
+        self.calib = default_calibration()
+        self.state = ControllerState()
+        self.pool: tuple[int, ...] = setup.cluster.all_gpus()
+
+    def port(self) -> CpuPort:
+        return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool))
+
+    def initial(self) -> tuple[ExecutionPlan | None, Decision]:
+        job = self.setup.job
+        obs = Observation(0, float(job.gen_len), float(job.gen_len_p95 or job.gen_len),
+                          self.pool)
+        self.state, d = controller_step(self.state, obs, job.controller, self.port())
+        return self.state.plan, d
+
+    def set_pool(self, pool: Sequence[int]) -> None:
+        self.pool = tuple(sorted(pool))
+
+    def after_step(self, obs: Observation) -> Decision | None:
+        """A controller pass at the step boundary (None when adaptation is off)."""
+        if not self.adapt:
+            return None
+        self.state, d = controller_step(self.state, obs, self.setup.job.controller, self.port())
+        return d
+
+    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, int]]
+               ) -> ExecutionPlan | None:
+        """The best plan with ``layouts`` pinned (a forced transition, admission bypassed)."""
+        found = self.port().search(obs, layouts)
+        if found is None:
+            return None
+        self.state = replace(self.state, plan=found[0], transitions=self.state.transitions + 1)
+        return found[0]
+
+
+def plan_label(plan: ExecutionPlan) -> str:
+    short = {"actor-gen": "gen", "ref-inf": "ref", "reward-inf": "rm", "critic-inf": "cri",
+             "actor-train": "aT", "critic-train": "cT", "actor-inf": "ainf"}
+    return " ".join(f"{short.get(sp.name, sp.name)}{sp.dp}.{sp.tp}.{sp.pp}" for sp in plan.stages)
+
+
+def decision_dict(d: Decision) -> dict[str, Any]:
+    adm = d.admission
+    return {
+        "step": d.step, "triggers": list(d.triggers), "urgent": d.urgent,
+        "replanned": d.replanned, "lost_gpus": list(d.lost_gpus),
+        "admitted": bool(adm and adm.admitted), "path": adm.path if adm else "",
+        "reason": adm.reason if adm else "",
+        "delta_l_s": adm.delta_l_s if adm else 0.0,
+        "transition_s": adm.transition_s if adm else 0.0,
+        "horizon_steps": adm.horizon_steps if adm else 0.0,
+    }

@@ -1,0 +1,175 @@
+"""The ``runtime:`` section of a config: how ``nereus run`` executes the job (checked here).
+
+Keys (all optional): ``ranks`` (CPU ranks, each playing one GPU of the virtual cluster; default
+the cluster's GPU count), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
+``job.gen_len``), ``temperature``, ``lr``, ``kl_coef``, ``clip``, ``gae_lambda``, ``adapt``
+(run the controller; false keeps the initial plan), ``timeout_s`` (every collective and
+transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
+pool the controller sees shrinks or grows after step k), ``force_transitions``
+(``{at_step: k, layouts: {model-stage: [tp, pp]}}``: after step k switch to the best plan with
+those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
+parameters of every trainable model-stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nereus.config import fields as f
+from nereus.errors import ConfigError
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.job import Setup
+
+KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
+        "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state")
+EVENT_KINDS = ("remove_node", "add_node")
+
+
+@dataclass(frozen=True)
+class Event:
+    at_step: int
+    kind: str  # remove_node | add_node
+    node: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at_step": self.at_step, self.kind: self.node}
+
+
+@dataclass(frozen=True)
+class ForcedTransition:
+    at_step: int
+    layouts: tuple[tuple[str, tuple[int, int]], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at_step": self.at_step, "layouts": {k: list(v) for k, v in self.layouts}}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    ranks: int
+    steps: int = 8
+    seed: int = 0
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    lr: float = 1e-3
+    kl_coef: float = 0.05
+    clip: float = 0.2
+    gae_lambda: float = 0.95
+    adapt: bool = True
+    timeout_s: float = 120.0
+    events: tuple[Event, ...] = ()
+    force_transitions: tuple[ForcedTransition, ...] = ()
+    save_state: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in KEYS}
+        d["events"] = [e.to_dict() for e in self.events]
+        d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> RunConfig:
+        events = tuple(Event(int(e["at_step"]), k, int(e[k])) for e in d["events"]
+                       for k in EVENT_KINDS if k in e)
+        forced = tuple(ForcedTransition(int(t["at_step"]), tuple(
+            (str(n), (int(v[0]), int(v[1]))) for n, v in sorted(t["layouts"].items())))
+            for t in d["force_transitions"])
+        rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions")}
+        return RunConfig(**rest, events=events, force_transitions=forced)
+
+
+def _event(path: str, raw: Any, steps: int, nodes: int) -> Event:
+    raw = f.mapping(path, raw, ("at_step", *EVENT_KINDS))
+    if "at_step" not in raw:
+        raise ConfigError(f.join(path, "at_step"), None, "missing: the step after which it happens")
+    at = f.non_negative_int(f.join(path, "at_step"), raw["at_step"])
+    kinds = [k for k in EVENT_KINDS if k in raw]
+    if len(kinds) != 1:
+        raise ConfigError(path, dict(raw), "needs exactly one of remove_node, add_node")
+    node = f.non_negative_int(f.join(path, kinds[0]), raw[kinds[0]])
+    if node >= nodes:
+        raise ConfigError(f.join(path, kinds[0]), node, f"no such node (cluster has {nodes})")
+    if at >= steps:
+        raise ConfigError(f.join(path, "at_step"), at, f"must be < steps={steps}")
+    return Event(at, kinds[0], node)
+
+
+def _forced(path: str, raw: Any, steps: int, names: tuple[str, ...]) -> ForcedTransition:
+    raw = f.mapping(path, raw, ("at_step", "layouts"))
+    at = f.non_negative_int(f.join(path, "at_step"), raw.get("at_step"))
+    if at >= steps - 1:
+        raise ConfigError(f.join(path, "at_step"), at, f"must be < steps - 1 = {steps - 1}")
+    lay = f.mapping(f.join(path, "layouts"), raw.get("layouts", {}), names)
+    out = []
+    for name, v in sorted(lay.items()):
+        at_name = f.join(f.join(path, "layouts"), name)
+        if not (isinstance(v, list) and len(v) == 2):
+            raise ConfigError(at_name, v, "must be [tp, pp]")
+        tp, pp = (f.positive_int(at_name, x) for x in v)
+        if pp != 1:
+            raise ConfigError(at_name, v, "pp must be 1 (the CPU runtime runs pp=1 units)")
+        out.append((name, (tp, pp)))
+    if not out:
+        raise ConfigError(f.join(path, "layouts"), {}, "must name at least one model-stage")
+    return ForcedTransition(at, tuple(out))
+
+
+def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | None = None,
+                  steps: int | None = None) -> tuple[RunConfig, Setup]:
+    """Check the ``runtime:`` section (CLI values override it); returns it and the setup on the
+    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node)."""
+    raw = f.mapping("runtime", raw or {}, KEYS)
+    cl = setup.cluster
+    n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
+    where = "--ranks" if ranks is not None else "runtime.ranks"
+    n = f.positive_int(where, n)
+    if n < 2:
+        raise ConfigError(where, n, "must be at least 2 (rank 0 controls and works; see docs)")
+    if n <= cl.gpus_per_node:
+        cluster = ClusterSpec(1, n, cl.gpu)
+    elif n % cl.gpus_per_node:
+        raise ConfigError(where, n, f"must be at most or a multiple of gpus_per_node="
+                          f"{cl.gpus_per_node}")
+    else:
+        cluster = ClusterSpec(n // cl.gpus_per_node, cl.gpus_per_node, cl.gpu)
+    setup = replace(setup, cluster=cluster)
+    n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
+                             steps if steps is not None else raw.get("steps", RunConfig.steps))
+    names = setup.job.workflow.names
+    events = tuple(_event(f"runtime.events[{i}]", e, n_steps, cluster.nodes)
+                   for i, e in enumerate(_list("runtime.events", raw.get("events", []))))
+    forced = tuple(_forced(f"runtime.force_transitions[{i}]", t, n_steps, names)
+                   for i, t in enumerate(_list("runtime.force_transitions",
+                                               raw.get("force_transitions", []))))
+    max_new = f.positive_int("runtime.max_new_tokens",
+                             raw.get("max_new_tokens", setup.job.gen_len_p95 or setup.job.gen_len))
+    longest = setup.job.prompt_len + max_new
+    for role, spec in setup.job.models:
+        if longest > spec.max_seq_len:
+            raise ConfigError("runtime.max_new_tokens", max_new,
+                              f"prompt_len + max_new_tokens = {longest} exceeds max_seq_len="
+                              f"{spec.max_seq_len} of models.{role}")
+    rc = RunConfig(
+        ranks=n, steps=n_steps,
+        seed=f.non_negative_int("runtime.seed", raw.get("seed", 0)),
+        max_new_tokens=max_new,
+        temperature=f.positive_float("runtime.temperature", raw.get("temperature", 1.0)),
+        lr=f.positive_float("runtime.lr", raw.get("lr", RunConfig.lr)),
+        kl_coef=f.non_negative_float("runtime.kl_coef", raw.get("kl_coef", RunConfig.kl_coef)),
+        clip=f.positive_float("runtime.clip", raw.get("clip", RunConfig.clip)),
+        gae_lambda=f.fraction("runtime.gae_lambda", raw.get("gae_lambda", RunConfig.gae_lambda),
+                              closed_low=True, closed_high=True),
+        adapt=f.boolean("runtime.adapt", raw.get("adapt", True)),
+        timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s)),
+        events=events, force_transitions=forced,
+        save_state=str(raw.get("save_state", "")),
+    )
+    return rc, setup
+
+
+def _list(path: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ConfigError(path, value, "must be a list")
+    return value

@@ -1,0 +1,204 @@
+"""One synchronous PPO step on this rank: generation → inference → training → weight sync.
+
+Every rank runs this for every step with the same arguments. A model-stage runs on the ranks of
+its units; each DP replica takes its contiguous slice of the step's sequences (global order,
+``replica_slice``), all tp ranks of a replica compute on the same inputs. After each phase the
+first rank of every replica contributes its slice to an MPI all-gather, so every rank holds the
+whole batch (tiny on CPU); batch-level math (rewards, GAE) is then identical on every rank and
+independent of the plan. pp=1 units only (the CPU runtime has no pipeline schedule).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from nereus.engines.forward import logits_of, response_logp, response_values, sequence_scores
+from nereus.engines.generation import generate, sample_uniforms
+from nereus.rl.ppo import policy_loss_sum, ppo_batch, value_loss_sum
+from nereus.rl.sample_order import SampleOrder, replica_slice
+from nereus.rl.task import PAD, PatternTask, encode
+from nereus.runtime.memory import MemoryAccount, resident_bytes
+from nereus.runtime.run_config import RunConfig
+from nereus.runtime.units import PlanUnits, allreduce_grads, zero_grads
+from nereus.spec.job import Setup
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    setup: Setup
+    rc: RunConfig
+    task: PatternTask
+    order: SampleOrder
+
+
+def prompt_batch(inp: StepInputs, step: int) -> tuple[list[str], torch.Tensor]:
+    """The step's prompts (global order) left-padded to ``job.prompt_len`` tokens."""
+    job = inp.setup.job
+    ids = inp.order.indices(step * job.global_batch, job.global_batch)
+    texts = [inp.task.prompt(int(i)) for i in ids]
+    rows = []
+    for t in texts:
+        toks = encode(t)
+        rows.append([PAD] * (job.prompt_len - len(toks)) + toks[-job.prompt_len:])
+    return texts, torch.tensor(rows, dtype=torch.long)
+
+
+def _exchange(comm: Any, contribution: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(comm.allgather(contribution))
+
+
+def _resident(units: PlanUnits) -> int:
+    return resident_bytes((st.model, st.optimizer) for st in units.units())
+
+
+def _first_of_replica(st: Any) -> bool:
+    return bool(st.position == (0, 0))
+
+
+def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
+             account: MemoryAccount) -> dict[str, Any]:
+    """Run step ``step``; returns this rank's measurements (plain data)."""
+    job, rc = inp.setup.job, inp.rc
+    n_seq = job.global_batch * job.samples_per_prompt
+    p_len, t_new = job.prompt_len, rc.max_new_tokens
+    stage_s: dict[str, float] = {}
+    texts, prompts = prompt_batch(inp, step)
+    prompts = prompts.repeat_interleave(job.samples_per_prompt, dim=0)
+    seq_ids = np.arange(n_seq)
+
+    # -- generation --------------------------------------------------------------------------
+    contrib: dict[str, Any] = {}
+    su = units.stages["actor-gen"]
+    mine = su.my_replica()
+    if mine is not None:
+        dp_rank, st = mine
+        lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
+        t0 = time.perf_counter()
+        u = sample_uniforms(rc.seed, step, seq_ids[lo:hi], t_new)
+        g = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature)
+        stage_s["actor-gen"] = time.perf_counter() - t0
+        account.observe("actor-gen", _resident(units), g.kv_cache_bytes)
+        if _first_of_replica(st):
+            contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy())
+    parts = [c["gen"] for c in _exchange(comm, contrib) if "gen" in c]
+    tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
+    logp = torch.zeros(n_seq, t_new, dtype=torch.float64)
+    mask = torch.zeros(n_seq, t_new, dtype=torch.float64)
+    for lo, tk, lp, mk in parts:
+        hi = lo + tk.shape[0]
+        tokens[lo:hi], logp[lo:hi], mask[lo:hi] = (torch.from_numpy(a) for a in (tk, lp, mk))
+
+    # -- inference ---------------------------------------------------------------------------
+    contrib = {}
+    for name in ("ref-inf", "reward-inf", "critic-inf"):
+        if name not in units.stages:
+            continue
+        su = units.stages[name]
+        mine = su.my_replica()
+        if mine is None:
+            continue
+        dp_rank, st = mine
+        lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
+        t0 = time.perf_counter()
+        st.model.eval()
+        with torch.no_grad():
+            lg = logits_of(st.model, tokens[lo:hi])
+        st.model.train()
+        if name == "ref-inf":
+            out = response_logp(lg, tokens[lo:hi], p_len)
+        elif name == "critic-inf":
+            out = response_values(lg, p_len)
+        else:
+            out = sequence_scores(lg, mask[lo:hi], p_len)
+        stage_s[name] = time.perf_counter() - t0
+        account.observe(name, _resident(units))
+        if _first_of_replica(st):
+            contrib[name] = (lo, out.numpy())
+    got: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for c in _exchange(comm, contrib):
+        for k, v in c.items():
+            got.setdefault(k, []).append(v)
+
+    def full(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        out = torch.zeros(shape, dtype=torch.float64)
+        for lo, arr in got.get(name, []):
+            out[lo:lo + arr.shape[0]] = torch.from_numpy(arr)
+        return out
+
+    ref_logp = full("ref-inf", (n_seq, t_new))
+    values = full("critic-inf", (n_seq, t_new))
+    rm_scores = full("reward-inf", (n_seq,))
+    prompt_of = [texts[i // job.samples_per_prompt] for i in range(n_seq)]
+    resp = tokens[:, p_len:]
+    scores = torch.tensor([inp.task.reward(prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
+                          dtype=torch.float64)
+    batch = ppo_batch(scores, logp, ref_logp, values, mask, rc.kl_coef, rc.gae_lambda)
+
+    # -- training ----------------------------------------------------------------------------
+    contrib = {}
+    per_mb = n_seq // job.minibatches
+    for name in ("actor-train", "critic-train"):
+        if name not in units.stages:
+            continue
+        su = units.stages[name]
+        mine = su.my_replica()
+        if mine is None:
+            continue
+        dp_rank, st = mine
+        t0 = time.perf_counter()
+        loss_total = 0.0
+        for m in range(job.minibatches):
+            base = m * per_mb
+            lo, hi = replica_slice(per_mb, su.plan.dp, dp_rank)
+            lo, hi = base + lo, base + hi
+            n_tok = float(mask[base:base + per_mb].sum().clamp_min(1.0))
+            zero_grads(st)
+            mb = max(1, su.plan.micro_batch)
+            for a in range(lo, hi, mb):
+                b = min(hi, a + mb)
+                lg = logits_of(st.model, tokens[a:b])
+                if name == "actor-train":
+                    loss = policy_loss_sum(response_logp(lg, tokens[a:b], p_len), logp[a:b],
+                                           batch.advantages[a:b], mask[a:b], rc.clip) / n_tok
+                else:
+                    loss = value_loss_sum(response_values(lg, p_len), values[a:b],
+                                          batch.returns[a:b], mask[a:b], rc.clip) / n_tok
+                loss.backward()
+                loss_total += float(loss.detach())
+            account.observe(name, _resident(units))
+            allreduce_grads(st, su.dp_group)
+            st.optimizer.step()
+            st.counters.updates += 1
+            st.counters.position += 1
+            st.counters.policy_version += 1
+        stage_s[name] = time.perf_counter() - t0
+        if _first_of_replica(st):
+            contrib[name] = loss_total / job.minibatches
+    losses: dict[str, float] = {}
+    for c in _exchange(comm, contrib):
+        for k, v in c.items():
+            losses[k] = losses.get(k, 0.0) + v
+
+    t0 = time.perf_counter()
+    sync_bytes = units.sync_weights()
+    stage_s["weight-sync"] = time.perf_counter() - t0
+    lengths = mask.sum(dim=1).numpy()
+    peak, ooms = account.take()
+    return {
+        "stage_s": stage_s,
+        "peak_bytes": peak,
+        "oom": [e.to_dict() for e in ooms],
+        "reward": float(scores.mean()),
+        "rm_score": float(rm_scores.mean()),
+        "len_mean": float(lengths.mean()),
+        "len_p95": float(np.percentile(lengths, 95)),
+        "tokens": int(lengths.sum()),
+        "kl": batch.kl,
+        "losses": losses,
+        "sync_bytes": sync_bytes,
+    }

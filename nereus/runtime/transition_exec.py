@@ -1,0 +1,73 @@
+"""Plan change on the ranks: gather the global state of the running plan, reload it in the new.
+
+This is the in-process checkpoint/restart path of DESIGN.md §2.1 (urgent fallback): the logical
+state Λ of every model-stage — parameters, Adam moments, counters — is read from one complete
+replica (one whose ranks are all still in the pool when there is one), all-gathered over MPI,
+the old plan's units and process groups are destroyed and the new plan's are built from it.
+It is exact (the same global values in a new layout) and needs no transition DAG, so it runs for
+every plan the planner proposes, co-resident or not. DAG execution with the EMU primitives
+(Split/Merge/Extend/Destroy) is not wired into this runtime yet.
+
+In this emulation a removed node's ranks keep running (they only leave the pool); when every
+replica of a model-stage sat on removed ranks, its state is still read from them and the event
+says so — on a real cluster that state would come from a checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from nereus.runtime.state import FIELDS, Counters
+from nereus.runtime.units import (
+    Glob,
+    PlanUnits,
+    assemble_global,
+    counters_of,
+    local_pieces,
+    spec_of,
+)
+
+
+def source_replica(units: PlanUnits, name: str, pool: Sequence[int]) -> tuple[int, bool]:
+    """(dp_rank of the replica to read, whether it survived in the pool)."""
+    alive = set(pool)
+    for dp_rank, emu in enumerate(units.stages[name].emus):
+        if alive.issuperset(emu.gpus):
+            return dp_rank, True
+    return 0, False
+
+
+def gather_state(units: PlanUnits, comm: Any, pool: Sequence[int]
+                 ) -> tuple[dict[str, Glob], dict[str, tuple[Counters, float]], list[str]]:
+    """Every model-stage's global state on every rank (collective over ``comm``)."""
+    wf = units.setup.job.workflow
+    contrib: dict[str, Any] = {}
+    lost: list[str] = []
+    for name, su in units.stages.items():
+        src, survived = source_replica(units, name, pool)
+        if not survived:
+            lost.append(name)
+        st = su.mine.get(src)
+        if st is None:
+            continue
+        fields = FIELDS if wf.by_name(name).trainable else FIELDS[:1]
+        entry: dict[str, Any] = {"pieces": local_pieces(st, fields)}
+        if st.position == (0, 0):
+            entry["counters"] = counters_of(st)
+        contrib[name] = entry
+    globs: dict[str, Glob] = {}
+    counters: dict[str, tuple[Counters, float]] = {}
+    pieces: dict[str, list[Any]] = {}
+    for c in comm.allgather(contrib):
+        for name, entry in c.items():
+            pieces.setdefault(name, []).extend(entry["pieces"])
+            if "counters" in entry:
+                counters[name] = entry["counters"]
+    for name in units.stages:
+        globs[name] = assemble_global(spec_of(units.setup, name), pieces.get(name, []))
+    return globs, counters, lost
+
+
+def state_bytes(globs: dict[str, Glob]) -> int:
+    return sum(int(a.nbytes) for g in globs.values() for d in g.values() for a in d.values())

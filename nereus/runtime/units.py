@@ -1,0 +1,205 @@
+"""The units of one execution plan on this rank: build, fill, gather, sync, tear down (effectful).
+
+Every rank builds the process groups of every unit of the plan in plan order (``dist.new_group``
+is collective), then the Megatron models of the units it belongs to, filled from a *global*
+logical state (field → tensor name → array). Layout-independent by construction: the initial
+state is drawn once at tp=1 (``initial_global``) and any later plan is installed from the state
+gathered out of the running one (``gather_global``) — the checkpoint/restart-in-process path,
+used for every plan change in this version (see ``nereus.runtime.worker``). DP replicas of a
+trainable model-stage all-reduce gradients over one gloo group per (pp, tp) position. The
+per-step weight sync (actor-train → actor-gen, critic-train → critic-inf) runs through the EMU
+transfer machinery (``nereus.runtime.primitives.Executor.weight_sync``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nereus.emu.primitives import weight_sync
+from nereus.emu.shards import shards_at, tensor_specs
+from nereus.emu.unit import Emu, Layout
+from nereus.engines.generation import enable_kv_cache
+from nereus.engines.megatron_model import StageGroups, build_gpt
+from nereus.runtime.groups import unit_groups
+from nereus.runtime.primitives import Executor
+from nereus.runtime.state import FIELDS, Counters, UnitState, load_global, new_unit_state
+from nereus.spec.job import Setup
+from nereus.spec.model import ModelSpec
+from nereus.spec.plan import ExecutionPlan, StagePlan
+
+Glob = dict[str, dict[str, np.ndarray]]  # field → tensor → global array
+# Which trained model-stage feeds which frozen copy every step.
+SYNCS = (("actor-train", "actor-gen"), ("critic-train", "critic-inf"))
+
+
+def spec_of(setup: Setup, model_stage: str) -> ModelSpec:
+    return setup.job.model(setup.job.workflow.by_name(model_stage).role)
+
+
+def stage_emus(sp: StagePlan) -> tuple[Emu, ...]:
+    return tuple(Emu(sp.name, sp.name, Layout(sp.tp, sp.pp), tuple(r)) for r in sp.replicas)
+
+
+@dataclass
+class StageUnits:
+    plan: StagePlan
+    emus: tuple[Emu, ...]
+    mine: dict[int, UnitState] = field(default_factory=dict)  # dp_rank → this rank's state
+    dp_group: Any = None  # the DP group of this rank's (pp, tp) position (trainable stages)
+
+    def my_replica(self) -> tuple[int, UnitState] | None:
+        return next(iter(self.mine.items()), None)
+
+
+def _groups_of(g: StageGroups) -> list[Any]:
+    return [g.tp, g.pp, g.solo, g.embd, g.pos_embd]
+
+
+class PlanUnits:
+    """Everything this rank holds for ``plan``; ``destroy`` releases its groups and tensors."""
+
+    def __init__(self, setup: Setup, plan: ExecutionPlan, global_rank: int, timeout_s: float,
+                 lr: float, globs: dict[str, Glob], counters: dict[str, tuple[Counters, float]],
+                 store: dist.Store, namespace: str) -> None:
+        self.setup = setup
+        self.plan = plan
+        self.global_rank = global_rank
+        self.timeout_s = timeout_s
+        self.stages: dict[str, StageUnits] = {}
+        self._groups: list[Any] = []
+        self._store = store
+        self._namespace = namespace
+        self._sync_seq = 0
+        to = timedelta(seconds=timeout_s)
+        for sp in plan.stages:
+            su = StageUnits(sp, stage_emus(sp))
+            spec = spec_of(setup, sp.name)
+            c, adam_step = counters.get(sp.name, (Counters(), 0.0))
+            for dp_rank, emu in enumerate(su.emus):
+                groups = unit_groups(emu, global_rank, timeout_s)
+                if groups is None:
+                    continue
+                self._groups += _groups_of(groups)
+                st = new_unit_state(spec, emu, global_rank, groups, lr=lr, step=adam_step,
+                                    counters=Counters(**vars(c)))
+                load_global(st, globs[sp.name])
+                enable_kv_cache(st.model, groups.tp)
+                su.mine[dp_rank] = st
+            if setup.job.workflow.by_name(sp.name).trainable and sp.dp > 1:
+                for pos in range(sp.tp * sp.pp):
+                    ranks = sorted(rep[pos] for rep in sp.replicas)
+                    g = dist.new_group(ranks, timeout=to, backend="gloo")
+                    if global_rank in ranks:
+                        su.dp_group = g
+                        self._groups.append(g)
+            self.stages[sp.name] = su
+
+    def units(self) -> list[UnitState]:
+        return [st for su in self.stages.values() for st in su.mine.values()]
+
+    def sync_weights(self) -> int:
+        """Copy parameters of every trained model-stage into its frozen copy (EMU transfer
+        plan, one field); returns the bytes this plan moves between ranks."""
+        moved = 0
+        for src, dst in SYNCS:
+            if src not in self.stages or dst not in self.stages:
+                continue
+            spec = spec_of(self.setup, src)
+            s_units, d_units = self.stages[src], self.stages[dst]
+            plan = weight_sync(spec, s_units.emus, d_units.emus,
+                               gpus_per_node=self.setup.cluster.gpus_per_node)
+            self._sync_seq += 1
+            ex = Executor(spec, self.global_rank, self._store,
+                          f"{self._namespace}/sync{self._sync_seq}/{dst}",
+                          timeout_s=self.timeout_s)
+            for su in (s_units, d_units):
+                for dp_rank, st in su.mine.items():
+                    ex.units[su.emus[dp_rank]] = st
+            ex.weight_sync(plan)
+            moved += plan.bytes_moved
+        return moved
+
+    def destroy(self) -> None:
+        """Drop models and optimizer state, destroy every group this rank joined."""
+        for su in self.stages.values():
+            su.mine.clear()
+        seen: set[int] = set()
+        for g in self._groups:
+            if id(g) in seen or g is None or g == dist.GroupMember.NON_GROUP_MEMBER:
+                continue
+            seen.add(id(g))
+            dist.destroy_process_group(g)
+        self._groups.clear()
+
+
+def initial_global(spec: ModelSpec, seed: int, solo: StageGroups) -> Glob:
+    """The initial logical state of ``spec``: Megatron's draws of a tp=1 model from ``seed``
+    (so every layout starts from the same state), Adam moments zero."""
+    model = build_gpt(spec, 1, 1, 0, solo, seed=seed)
+    params = dict(model.named_parameters())
+    glob: Glob = {f: {} for f in FIELDS}
+    for s in shards_at(spec, Layout(1, 1), 0, 0):
+        arr = params[s.local_key].detach().clone().numpy()
+        glob["param"][s.tensor] = arr
+        glob["exp_avg"][s.tensor] = np.zeros_like(arr)
+        glob["exp_avg_sq"][s.tensor] = np.zeros_like(arr)
+    return glob
+
+
+def local_pieces(st: UnitState, fields: tuple[str, ...]) -> list[tuple[str, str, tuple[int, ...],
+                                                                        tuple[int, ...],
+                                                                        np.ndarray]]:
+    """(field, tensor, global start, global stop, values) of this rank's distinct shards."""
+    live = st.tensors()
+    out = []
+    for s in st.shards():
+        if s.tp_replica:
+            continue
+        for f in fields:
+            t = live[f][s.local_key]
+            for pc in s.pieces:
+                view = t[tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
+                                                            strict=True))]
+                out.append((f, s.tensor, pc.global_.start, pc.global_.stop,
+                            view.detach().clone().numpy()))
+    return out
+
+
+def assemble_global(spec: ModelSpec, pieces: list[Any]) -> Glob:
+    """Global arrays from the pieces of one replica (missing fields are zero)."""
+    shapes = {t.name: t.global_shape for t in tensor_specs(spec)}
+    glob: Glob = {f: {n: np.zeros(shp, dtype=np.float32) for n, shp in shapes.items()}
+                  for f in FIELDS}
+    for f, tensor, start, stop, arr in pieces:
+        glob[f][tensor][tuple(slice(a, b) for a, b in zip(start, stop, strict=True))] = arr
+    return glob
+
+
+def counters_of(st: UnitState) -> tuple[Counters, float]:
+    return Counters(**vars(st.counters)), st.step_value()
+
+
+def zero_grads(st: UnitState) -> None:
+    st.optimizer.zero_grad(set_to_none=True)
+
+
+def allreduce_grads(st: UnitState, group: Any) -> None:
+    """Sum gradients over the DP group (the losses are already normalized globally)."""
+    if group is None:
+        return
+    grads = [p.grad for p in st.model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    off = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[off:off + n].view_as(g))
+        off += n

@@ -1,0 +1,219 @@
+"""The rank program of ``nereus run``: ``python -m nereus.runtime.worker --config C --log L``.
+
+Every rank parses the same config (deterministic), joins the MPI control plane and the
+torch.distributed rendezvous whose address rank 0 broadcasts. Rank 0 runs the controller and
+also works as a rank (see ``nereus.runtime.controller_rank``). Per step: rank 0 broadcasts a
+versioned ``step`` message, every rank runs the step on its units, measurements are gathered to
+rank 0, which logs them, applies injected events, runs the controller and broadcasts a ``plan``
+message (the target plan or none). An admitted target is installed at this safe boundary through
+``nereus.runtime.transition_exec`` and the next step runs on it.
+
+Failures: start-up problems are agreed on by every rank (the same error everywhere, exit 2 or 3);
+a rank failing mid-run prints ``NEREUS-RANK-ERROR rank R: …`` on stderr and aborts the MPI job,
+so no rank waits forever (every gloo collective also has a timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+ERROR_MARK = "NEREUS-RANK-ERROR"
+EXIT_CONFIG, EXIT_INFEASIBLE, EXIT_RANK = 2, 3, 4
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nereus.runtime.worker")
+    p.add_argument("--config", required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--ranks", type=int)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--summary-json", default="")
+    return p.parse_args(argv)
+
+
+def _agree(plane: Any, fn: Any) -> Any:
+    """Run ``fn`` on every rank; raise the first failure on every rank."""
+    from nereus.errors import NereusError
+
+    out, err, kind = None, "", ""
+    try:
+        out = fn()
+    except NereusError as e:
+        err, kind = str(e), type(e).__name__
+    except Exception as e:  # reported on every rank by agree
+        err, kind = f"{type(e).__name__}: {e}", "Exception"
+    plane.agree(not err, f"{kind}|{err}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    from mpi4py import MPI
+
+    from nereus.errors import CommunicationError
+    from nereus.runtime.control_plane import ControlPlane
+
+    comm = MPI.COMM_WORLD
+    plane = ControlPlane(comm)
+    try:
+        return _run(args, comm, plane)
+    except CommunicationError as e:  # agreed: every rank has the same message
+        text = str(e)
+        kind = text.split(": ", 1)[1].split("|", 1)[0] if "|" in text else ""
+        msg = text.split("|", 1)[1] if "|" in text else text
+        if plane.is_root:
+            prefix = "infeasible" if kind == "InfeasiblePlanError" else "error"
+            print(f"nereus: {prefix}: {msg}", file=sys.stderr, flush=True)
+        if kind == "InfeasiblePlanError":
+            return EXIT_INFEASIBLE
+        return EXIT_CONFIG if kind in ("ConfigError", "InfeasiblePlanError") else EXIT_RANK
+    except Exception as e:  # mid-run failure on this rank: tell, then end every rank
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"{ERROR_MARK} rank {plane.global_rank}: {type(e).__name__}: {first}",
+              file=sys.stderr, flush=True)
+        comm.Abort(EXIT_RANK)
+        return EXIT_RANK
+
+
+def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
+    import torch.distributed as dist
+
+    from nereus.config.load import load_config
+    from nereus.control.signals import Observation
+    from nereus.errors import ConfigError, InfeasiblePlanError
+    from nereus.rl.sample_order import SampleOrder
+    from nereus.rl.task import PatternTask
+    from nereus.runtime.control_plane import Message
+    from nereus.runtime.controller_rank import RankZeroController
+    from nereus.runtime.memory import MemoryAccount
+    from nereus.runtime.rendezvous import rendezvous
+    from nereus.runtime.run_config import parse_runtime
+    from nereus.runtime.run_log import RunRecorder
+    from nereus.runtime.step import StepInputs, run_step
+    from nereus.runtime.transition_exec import gather_state, state_bytes
+    from nereus.runtime.units import PlanUnits, initial_global
+    from nereus.spec.plan import ExecutionPlan
+
+    rank = plane.global_rank
+
+    def setup_all() -> Any:
+        cfg = load_config(args.config)
+        rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
+                                  steps=args.steps)
+        if rc.ranks != plane.world_size:
+            raise ConfigError("--ranks", plane.world_size,
+                              f"the MPI job has {plane.world_size} ranks, the config {rc.ranks}")
+        if setup.job.algorithm != "ppo" or setup.job.mode != "sync":
+            raise ConfigError("job.algorithm", f"{setup.job.algorithm}/{setup.job.mode}",
+                              "nereus run executes ppo in sync mode in this version")
+        return cfg, rc, setup
+
+    cfg, rc, setup = _agree(plane, setup_all)
+    ctl = RankZeroController(setup, rc.adapt) if plane.is_root else None
+    recorder: RunRecorder | None = None
+
+    def first_plan() -> Any:
+        assert ctl is not None
+        plan, d = ctl.initial()
+        if plan is None:
+            reason = d.admission.reason if d.admission else "no plan"
+            raise InfeasiblePlanError(f"no plan fits the virtual cluster: {reason}")
+        return plan
+
+    plan_d = _agree(plane, lambda: first_plan().to_dict() if plane.is_root else None)
+    plan = ExecutionPlan.from_dict(plane.broadcast(
+        Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None
+    ).payload["plan"])
+    if plane.is_root:
+        recorder = _agree(plane, lambda: RunRecorder(args.log, setup, rc, cfg, plan))
+    else:
+        _agree(plane, lambda: None)
+
+    rendezvous(plane, generation=0, timeout_s=rc.timeout_s)
+    from datetime import timedelta
+
+    from nereus.engines.megatron_model import StageGroups
+
+    store = dist.distributed_c10d._get_default_store()
+    solo = None
+    for r in range(plane.world_size):  # collective: one single-rank group per rank
+        g = dist.new_group([r], timeout=timedelta(seconds=rc.timeout_s), backend="gloo")
+        if r == rank:
+            solo = g
+    assert solo is not None
+    solo_groups = StageGroups(solo, solo, solo, solo, solo)
+    seeds = {"actor": rc.seed, "reference": rc.seed, "critic": rc.seed + 1, "reward": rc.seed + 2}
+    globs = {}
+    for ms in setup.job.workflow.model_stages:
+        spec = setup.job.model(ms.role)
+        same_as_actor = ms.role == "reference" and spec == setup.job.model("actor")
+        globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
+                                        solo_groups)
+    units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, {}, store, "p0")
+    account = MemoryAccount(rank, setup.cluster.gpu.memory_bytes)
+    inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
+    version = 0
+    for step in range(rc.steps):
+        plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
+                        if plane.is_root else None)
+        t0 = time.perf_counter()
+        res = run_step(inp, units, step, comm, account)
+        step_s = time.perf_counter() - t0
+        gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
+        target_d: dict[str, Any] | None = None
+        if plane.is_root:
+            assert ctl is not None and recorder is not None and gathered is not None
+            target_d = recorder.after_step(step, gathered, ctl, units.plan)
+        msg = plane.broadcast(Message("plan", plane.next_seq(), {"target": target_d})
+                              if plane.is_root else None)
+        target = msg.payload["target"]
+        if target is None or step == rc.steps - 1:
+            continue
+        t1 = time.perf_counter()
+        pool = tuple(target["pool"])
+        new_globs, counters, lost = gather_state(units, comm, pool)
+        units.destroy()
+        version += 1
+        new_plan = ExecutionPlan.from_dict(target["plan"])
+        units = PlanUnits(setup, new_plan, rank, rc.timeout_s, rc.lr, new_globs, counters,
+                          store, f"p{version}")
+        measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
+        if plane.is_root:
+            assert recorder is not None
+            recorder.transition(step, target, new_plan, measured, state_bytes(new_globs), lost)
+    if rc.save_state:
+        final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
+        if plane.is_root:
+            import numpy as np
+
+            flat = {f"{ms}/{f}/{t}": a for ms, g in final.items() for f, d in g.items()
+                    for t, a in d.items() if f == "param"}
+            np.savez(rc.save_state, **flat)  # type: ignore[arg-type]
+    units.destroy()
+    if plane.is_root:
+        assert recorder is not None
+        summary = recorder.finish()
+        if args.summary_json:
+            with open(args.summary_json, "w", encoding="utf-8") as fh:
+                json.dump(summary, fh)
+    plane.agree(True)
+    dist.destroy_process_group()
+    _ = Observation
+    return 0
+
+
+def _max_op() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+if __name__ == "__main__":
+    sys.exit(main())
