@@ -74,6 +74,11 @@ def check_collection(units: Sequence[Emu], what: str,
             here.append(u.model_stage)
 
 
+def _key(u: Emu) -> tuple[str, tuple[int, ...], int, int]:
+    """Identity of a unit inside one collection (one state per model-stage), hashed in C."""
+    return u.model_stage, u.gpus, u.layout.tp, u.layout.pp
+
+
 def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
     """Per-axis gcd first, then every layout dividing it, largest first."""
     tp = pp = 0
@@ -167,6 +172,7 @@ def _local_dag(
         tgt_parts.append((grp, opts[grp]))
         slot_gpus.update(opts[grp])
     producer: dict[tuple[int, ...], int] = {}
+    made: dict[tuple[int, ...], Emu] = {}  # units at t_sub already built, by GPU tuple
     kept: list[Emu] = []
     surplus: list[Emu] = []  # at t_sub
     whole: list[Emu] = []  # surplus units left unsplit
@@ -180,6 +186,7 @@ def _local_dag(
             i = loc.add(Split(u, subs, state_bytes, grp))
             for sub in subs:
                 producer[sub.gpus] = i
+                made[sub.gpus] = sub
                 (kept if sub.gpus in slot_gpus else surplus).append(sub)
         else:
             whole.append(u)
@@ -247,6 +254,7 @@ def _local_dag(
         heapq.heappush(heap, (start + 1, tie + 1, slot))
         tie += 2
         producer[slot.gpus] = e
+        made[slot.gpus] = slot
     for s in surplus:
         d = loc.add(Destroy(s, state_bytes))
         if s.gpus in producer:
@@ -259,7 +267,7 @@ def _local_dag(
     for v, (grp, part_gpus) in zip(tgts, tgt_parts, strict=True):
         if v.layout == t_sub:
             continue
-        parts = tuple(Emu(v.model_stage, v.state, t_sub, g) for g in part_gpus)
+        parts = tuple(made.get(g) or Emu(v.model_stage, v.state, t_sub, g) for g in part_gpus)
         mg = loc.add(Merge(parts, v, state_bytes, grp))
         for g in part_gpus:
             if g in producer:
@@ -363,15 +371,15 @@ def compile_transition(
                                   f"is not the target's {v.state!r}")
     rank = dict(stage_rank or {})
     names = sorted(src_state, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
-    tgt_set = set(target)
+    tgt_set = {_key(v) for v in target}
     by_src: dict[str, list[Emu]] = {m: [] for m in names}
     in_place: dict[str, list[Emu]] = {m: [] for m in names}
     by_tgt: dict[str, list[Emu]] = {m: [] for m in names}
     for u in source:
-        (by_src if u not in tgt_set else in_place)[u.model_stage].append(u)
-    src_set = set(source)
+        (by_src if _key(u) not in tgt_set else in_place)[u.model_stage].append(u)
+    src_set = {_key(u) for u in source}
     for v in target:
-        if v not in src_set:
+        if _key(v) not in src_set:
             by_tgt[v.model_stage].append(v)
     src_gpus: dict[str, set[int]] = {m: set() for m in names}
     tgt_gpus: dict[str, set[int]] = {m: set() for m in names}
@@ -398,7 +406,7 @@ def compile_transition(
             if not excl.exclusive(m, c):
                 for g, b in fl.items():
                     load[g] = load.get(g, 0) + b
-    cands = {m: t_sub_candidates([u.layout for u in (by_src[m] or in_place[m]) + by_tgt[m]])
+    cands = {m: t_sub_candidates(list({u.layout for u in (by_src[m] or in_place[m]) + by_tgt[m]}))
              for m in names}
     choice = {m: [0, 0] for m in names}  # (T_sub candidate, donor rank) per model-stage
     # staging GPUs: free ones first, then ones the source holds and no target needs (after the

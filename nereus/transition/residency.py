@@ -116,6 +116,15 @@ def memory_excess(
     reserved_bytes: Mapping[int, int] | None = None,
 ) -> str | None:
     """None when every GPU's bound fits its capacity, else the reason for the first that does not."""
+    if excl.pairs is None:  # no GPU is shared: each model-stage's level alone
+        reserved = reserved_bytes or {}
+        for m, lv in levels.items():
+            for g, b in lv.items():
+                cap_g = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+                if b + reserved.get(g, 0) > cap_g:
+                    return (f"{b + reserved.get(g, 0)} bytes on GPU {g} ({m} {b}) > capacity "
+                            f"{cap_g}")
+        return None
     gpus = sorted({g for lv in levels.values() for g in lv})
     if not gpus:
         return None
