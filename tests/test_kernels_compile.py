@@ -135,3 +135,21 @@ def test_kernel_design_names_no_vendor_api() -> None:
         assert '#include "common/nereus_gpu.h"' in code
         assert '#include "common/pack_kernel.h"' in code
         assert "__global__" not in code, f"{tu.name} defines kernels of its own"
+
+
+def test_setup_without_a_toolkit_installs_pure_python_and_forcing_fails_loudly() -> None:
+    """On a CPU build of torch setup.py plans no extension; NEREUS_BUILD_KERNELS=1 refuses."""
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda or getattr(torch.version, "hip", None):
+        pytest.skip("torch has a GPU build here: setup.py would build the extension")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEREUS_")}
+    probe = ("import sys; sys.argv = ['setup.py', '--version']; import runpy; "
+             "runpy.run_path('setup.py', run_name='__main__')")
+    plain = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip().splitlines()[-1] == "0.1.0"
+    forced = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                            env={**env, "NEREUS_BUILD_KERNELS": "1"}, timeout=120)
+    assert forced.returncode != 0
+    assert "sees no CUDA or ROCm toolkit" in forced.stderr
