@@ -26,7 +26,14 @@ from pack_cases import (
     tensor_bytes,
 )
 
-from nereus.kernels.pack import backend, kernels_available, pack, unpack
+from nereus.kernels.pack import (
+    backend,
+    kernels_available,
+    pack,
+    pack_views,
+    unpack,
+    unpack_views,
+)
 from nereus.kernels.table import DEFAULT_TILE_BYTES
 
 try:
@@ -65,6 +72,12 @@ def test_gpu_tensors_choose_the_kernels() -> None:
     assert backend(torch.device("cuda")) == "kernels"
     t = torch.arange(64, dtype=torch.float32, device="cuda").reshape(8, 8)
     assert torch.equal(pack([(t, ((0, 8), (2, 4)))]), t[:, 2:4].reshape(-1))
+    views = [t[:, 2:4], t[5:7], t.t()[1:3]]  # the runtime hook's form
+    buf = pack_views(views)
+    assert torch.equal(buf, torch.cat([v.reshape(-1) for v in views]))
+    dest = torch.zeros_like(t)
+    unpack_views(buf[:32], [dest[:, 4:6], dest[0:2]])
+    assert torch.equal(dest[:, 4:6].reshape(-1), buf[:16]) and torch.equal(dest[0:2].reshape(-1), buf[16:32])
 
 
 def test_random_slices_match_torch() -> None:
