@@ -76,8 +76,8 @@ def test_gpu_tensors_choose_the_kernels() -> None:
     buf = pack_views(views)
     assert torch.equal(buf, torch.cat([v.reshape(-1) for v in views]))
     dest = torch.zeros_like(t)
-    unpack_views(buf[:32], [dest[:, 4:6], dest[0:2]])
-    assert torch.equal(dest[:, 4:6].reshape(-1), buf[:16]) and torch.equal(dest[0:2].reshape(-1), buf[16:32])
+    unpack_views(buf[:32], [dest[:, 4:6], dest[:, 0:2]])  # disjoint destinations
+    assert torch.equal(dest[:, 4:6].reshape(-1), buf[:16]) and torch.equal(dest[:, 0:2].reshape(-1), buf[16:32])
 
 
 def test_random_slices_match_torch() -> None:
