@@ -48,7 +48,7 @@ def ppo_setup(nodes: int, global_batch: int, gen_len: float, p95: float) -> Setu
 
 def run(setup: Setup, trace: GpuTrace, lengths: Any, steps: int, policy: str, gamma: float = 0.5) -> SimResult:
     truth = HiddenTruth(hidden_calibration(default_calibration(), H200, seed=1), 0.02, seed=1)
-    cfg = SimConfig(steps=steps, policy=policy, gamma=gamma, every_k=5)
+    cfg = SimConfig(steps=steps, policy=policy, gamma=gamma, every_k=3)
     return simulate(setup, trace, lengths, cfg, truth, default_calibration())
 
 

@@ -8,8 +8,9 @@ not counted as step time).
 
 Policies:
 - ``nereus``: the controller of §2.1 (triggers, urgent/opportunistic admission with γ);
-- ``dynarl``: the same triggers, admitting any ΔL > 0 (DynaRL-style);
-- ``static``: the initial TP/PP of every model-stage kept, DP scaled to the pool (verl/OpenRLHF);
+- ``dynarl``: DynaRL-style: replan at every step (no drift thresholds), admit any ΔL > 0;
+- ``static``: the initial TP/PP of every model-stage kept, DP re-fitted to the pool whenever it
+  changes or the plan stops fitting (verl/OpenRLHF with elastic DP);
 - ``every-k``: switch to the planner's target every k steps;
 - ``oracle``: the best plan for the true efficiencies at every step, transitions free.
 """
@@ -169,6 +170,7 @@ def _baseline_outcome(
     truth: HiddenTruth,
     step: int,
     restart_cost: float,
+    pool_changed: bool,
 ) -> tuple[str, float, ExecutionPlan | None]:
     """static, every-k and oracle: when to switch and to what."""
     current_ok = plan is not None and port.evaluate(plan, obs).feasible
@@ -178,7 +180,7 @@ def _baseline_outcome(
     elif cfg.policy == "every-k":
         if not current_ok or step % cfg.every_k == 0:
             found = port.search(obs)
-    elif not current_ok:  # static: re-fit DP on the fixed TP/PP layouts
+    elif not current_ok or pool_changed:  # static: re-fit DP to the pool on fixed TP/PP layouts
         found = replace(port, layouts=layouts).search(obs)
         if found is None and layouts is not None:
             found = port.search(obs)  # the fixed layouts no longer fit at all
@@ -208,7 +210,8 @@ def simulate(
     gpu = setup.cluster.gpu
     spec = setup.job.controller
     if cfg.policy == "dynarl":
-        spec = replace(spec, gamma=float("inf"))
+        # DynaRL-style: replan at every step (no drift thresholds), admit any ΔL > 0.
+        spec = replace(spec, gamma=float("inf"), delta_len=0.0, delta_efficiency=0.0)
     else:
         spec = replace(spec, gamma=cfg.gamma)
     clock = _Clock(gpu_trace, setup.cluster.num_gpus, cfg.max_wait_s)
@@ -221,6 +224,7 @@ def simulate(
     transition_total = 0.0
     restart_cost = restart_s(setup)
     cache = CostCache()
+    last_pool: tuple[int, ...] = ()
 
     for step in range(cfg.steps):
         while True:
@@ -243,9 +247,12 @@ def simulate(
                     }
                 event, trans_s, new_plan = _controller_outcome(adm, plan, truth, step, restart_cost)
             else:
-                event, trans_s, new_plan = _baseline_outcome(cfg, port, obs, plan, layouts, truth, step, restart_cost)
+                event, trans_s, new_plan = _baseline_outcome(
+                    cfg, port, obs, plan, layouts, truth, step, restart_cost, pool != last_pool
+                )
                 if event == "initial" and cfg.policy == "static" and new_plan is not None:
                     layouts = {sp.name: (sp.tp, sp.pp) for sp in new_plan.stages}
+            last_pool = pool
             if new_plan is not None and port.evaluate(new_plan, obs).feasible:
                 plan = new_plan
                 break
