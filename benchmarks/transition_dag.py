@@ -1,10 +1,15 @@
 """Global transition DAG: planning time and schedule quality, and deadlock-freedom under overlap.
 
 (a) Planning: Llama-3.1-8B PPO (six model-stages, bf16 weights, fp32 Adam for the two trainers) on
-H200 nodes of 8 GPUs, 32…1,024 GPUs; the target plan changes dp of four model-stages and tp/pp of
-four, with the block boundaries shifting so that model-stages take over each other's GPUs. Ours =
-compile + validate + cost (median of repeats); the exact scheduler is a time-capped MILP over the
-same primitives and forced precedences; gap = our simulated makespan vs. the MILP's.
+H200 nodes of 8 GPUs, 32…1,024 GPUs, in two placements: "disjoint" (every model-stage on its own
+GPUs; the target changes dp of four model-stages and tp/pp of four, with the block boundaries
+shifting so that model-stages take over each other's GPUs) and "co-resident" (as the planner
+places a synchronous workflow: each phase — gen, inf, train — spans the whole pool, model-stages
+of one phase on disjoint GPUs, phases sharing GPUs; the conflict relation is
+``Workflow.concurrent``). Ours = compile + cost, what the controller runs per replan (median of
+repeats, wall and CPU time); validation (exhaustive over interleavings, run in tests) is timed
+separately. The exact scheduler is a time-capped MILP over the same primitives and forced
+precedences; gap = our simulated makespan vs. the MILP's.
 
 (b) Overlap: 100 trials per overlap type with random placements of the current and target plans
 (TP groups inside a node) and random launch timing (per model-stage start offset and per-primitive
@@ -30,6 +35,7 @@ from nereus.errors import TransitionError
 from nereus.spec.hardware import H200, ClusterSpec
 from nereus.spec.model import LLAMA_3_1_8B
 from nereus.spec.plan import ExecutionPlan, StagePlan
+from nereus.spec.workflow import build_workflow
 from nereus.transition.baselines import exact_makespan, per_component_simulate
 from nereus.transition.compile import compile_transition
 from nereus.transition.cost import durations_s, transition_cost_s
@@ -48,6 +54,14 @@ PLAN_CUR = (("actor-gen", 4, 2, 1), ("ref-inf", 2, 1, 1), ("reward-inf", 2, 2, 1
             ("critic-inf", 2, 1, 1), ("actor-train", 4, 4, 2), ("critic-train", 2, 4, 1))
 PLAN_TGT = (("actor-gen", 6, 1, 1), ("ref-inf", 1, 2, 1), ("reward-inf", 1, 1, 1),
             ("critic-inf", 2, 2, 1), ("actor-train", 4, 8, 1), ("critic-train", 2, 2, 2))
+# co-resident: per phase, (model-stage, sixteenths of the pool, tp, pp); every phase spans the pool
+PHASES_CUR = ((("actor-gen", 16, 2, 1),),
+              (("ref-inf", 4, 1, 1), ("reward-inf", 4, 2, 1), ("critic-inf", 8, 1, 1)),
+              (("actor-train", 8, 4, 2), ("critic-train", 8, 4, 1)))
+PHASES_TGT = ((("actor-gen", 16, 4, 1),),
+              (("critic-inf", 8, 2, 1), ("reward-inf", 6, 1, 1), ("ref-inf", 2, 2, 1)),
+              (("critic-train", 8, 2, 2), ("actor-train", 8, 8, 1)))
+PPO = build_workflow("ppo", "sync", reward_model=True)
 # overlap types: (name, GPUs, [(model-stage, GPUs, tp, pp) current], [... target])
 OVERLAPS = (
     ("same-model cross-stage", 32,
@@ -76,6 +90,15 @@ def _block_plan(n: int, spec: tuple[tuple[str, int, int, int], ...]) -> Executio
     return ExecutionPlan(tuple(stages))
 
 
+def _phase_plan(n: int, phases: tuple[tuple[tuple[str, int, int, int], ...], ...]
+                ) -> ExecutionPlan:
+    """Each phase laid out in blocks from GPU 0: phases share GPUs, a phase's stages do not."""
+    stages = []
+    for phase in phases:
+        stages += list(_block_plan(n, phase).stages)
+    return ExecutionPlan(tuple(sorted(stages, key=lambda sp: PPO.names.index(sp.name))))
+
+
 def _random_plan(rng: random.Random, n: int, spec: tuple[tuple[str, int, int, int], ...]
                  ) -> ExecutionPlan:
     """Random placement: each pipeline stage's TP group inside one node, nodes drawn at random."""
@@ -99,40 +122,59 @@ def _random_plan(rng: random.Random, n: int, spec: tuple[tuple[str, int, int, in
     return ExecutionPlan(tuple(stages))
 
 
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) * 1e3
+
+
 def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    for n in sizes:
-        cluster = ClusterSpec(n // GPN, GPN, H200)
-        src = emus_of_plan(_block_plan(n, PLAN_CUR), STATES)
-        dst = emus_of_plan(_block_plan(n, PLAN_TGT), STATES)
-        parts: list[tuple[float, float, float]] = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP)
-            t1 = time.perf_counter()
-            validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
-            t2 = time.perf_counter()
-            cost_s = transition_cost_s(dag, cluster)
-            parts.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
-        total = statistics.median(sum(p) for p in parts) * 1e3
-        comp, val, cst = (statistics.median(p[k] for p in parts) * 1e3 for k in range(3))
-        dur = durations_s(dag, cluster)
-        ours = simulate(dag, dur, capacity_bytes=CAP).makespan_s
-        t0 = time.perf_counter()
-        ex = exact_makespan(dag, dur, time_limit_s=exact_cap_s)
-        exact_ms = (time.perf_counter() - t0) * 1e3
-        gap = (ours - ex.makespan_s) / ex.makespan_s * 100 if ex.makespan_s == ex.makespan_s \
-            else None
-        rows.append({
-            "gpus": n, "primitives": len(dag.primitives), "resource_edges": len(dag.resource_edges),
-            "ours_ms": round(total, 3),
-            "compile_ms": round(comp, 3), "validate_ms": round(val, 3), "cost_ms": round(cst, 3),
-            "exact_ms": round(exact_ms, 1), "exact_optimal": ex.optimal,
-            "cost_s": round(cost_s, 4), "ours_makespan_s": round(ours, 4),
-            "exact_makespan_s": None if gap is None else round(ex.makespan_s, 4),
-            "gap_pct": None if gap is None else round(gap, 2),
-        })
+    for placement in ("disjoint", "co-resident"):
+        for n in sizes:
+            rows.append(_planning_row(placement, n, exact_cap_s, repeats))
     return rows
+
+
+def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> dict[str, object]:
+    cluster = ClusterSpec(n // GPN, GPN, H200)
+    if placement == "disjoint":
+        cur, tgt, conflicts = _block_plan(n, PLAN_CUR), _block_plan(n, PLAN_TGT), None
+    else:
+        cur, tgt = _phase_plan(n, PHASES_CUR), _phase_plan(n, PHASES_TGT)
+        conflicts = PPO.concurrent
+    src, dst = emus_of_plan(cur, STATES), emus_of_plan(tgt, STATES)
+    wall: list[float] = []
+    cpu: list[float] = []
+    parts: list[tuple[float, float, float]] = []
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP, conflicts=conflicts)
+        w1 = time.perf_counter()
+        cost_s = transition_cost_s(dag, cluster)
+        w2, c2 = time.perf_counter(), time.process_time()
+        validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
+        w3 = time.perf_counter()
+        wall.append(w2 - w0)
+        cpu.append(c2 - c0)
+        parts.append((w1 - w0, w2 - w1, w3 - w2))
+    dur = durations_s(dag, cluster)
+    ours = simulate(dag, dur, capacity_bytes=CAP).makespan_s
+    t0 = time.perf_counter()
+    ex = exact_makespan(dag, dur, time_limit_s=exact_cap_s)
+    exact_ms = (time.perf_counter() - t0) * 1e3
+    gap = (ours - ex.makespan_s) / ex.makespan_s * 100 if ex.makespan_s == ex.makespan_s \
+        else None
+    return {
+        "placement": placement, "gpus": n, "primitives": len(dag.primitives),
+        "resource_edges": len(dag.resource_edges),
+        "ours_ms": round(_median(wall), 3), "ours_cpu_ms": round(_median(cpu), 3),
+        "compile_ms": round(_median([p[0] for p in parts]), 3),
+        "cost_ms": round(_median([p[1] for p in parts]), 3),
+        "validate_ms": round(_median([p[2] for p in parts]), 3),
+        "exact_ms": round(exact_ms, 1), "exact_optimal": ex.optimal,
+        "cost_s": round(cost_s, 4), "ours_makespan_s": round(ours, 4),
+        "exact_makespan_s": None if gap is None else round(ex.makespan_s, 4),
+        "gap_pct": None if gap is None else round(gap, 2),
+    }
 
 
 def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
@@ -196,12 +238,13 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>9} {'(c/v/cost)':>20} "
+    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>8} {'cpu ms':>7} "
+          f"{'compile/cost':>14} {'valid ms':>9} "
           f"{'exact ms':>10} {'opt':>4} {'L_tran s':>9} {'ours s':>8} {'exact s':>8} {'gap %':>6}")
     for r in planning:
-        split = f"{r['compile_ms']}/{r['validate_ms']}/{r['cost_ms']}"
-        print(f"{r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} {r['ours_ms']:>9} "
-              f"{split:>20} "
+        split = f"{r['compile_ms']}/{r['cost_ms']}"
+        print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} "
+              f"{r['ours_ms']:>8} {r['ours_cpu_ms']:>7} {split:>14} {r['validate_ms']:>9} "
               f"{r['exact_ms']:>10} {r['exact_optimal']!s:>4} {r['cost_s']:>9} "
               f"{r['ours_makespan_s']:>8} {r['exact_makespan_s']!s:>8} {r['gap_pct']!s:>6}")
     print()

@@ -147,3 +147,28 @@ def test_conflicting_model_stages_still_wait_for_each_other() -> None:
     validate_dag(dag, conflicts=PPO.concurrent)
     with pytest.raises(TransitionError, match=r"unordered|still held"):
         validate_dag(dag.without(("resource",)), conflicts=PPO.concurrent)
+
+
+def test_coresident_buffers_that_do_not_fit_together_are_chained() -> None:
+    """actor-gen and actor-train both move off GPU 0: each Extend's sender needs its shard twice;
+    together (400 bytes) they exceed 300, one after the other (300) they fit."""
+    src = [Emu("actor-gen", "actor-gen", Layout(1, 1), (0,)),
+           Emu("actor-train", "actor-train", Layout(1, 1), (0,))]
+    tgt = [Emu("actor-gen", "actor-gen", Layout(1, 1), (1,)),
+           Emu("actor-train", "actor-train", Layout(1, 1), (1,))]
+    size = {"actor-gen": 100, "actor-train": 100}
+    dag = compile_transition(src, tgt, size.__getitem__, capacity_bytes=300,
+                             conflicts=PPO.concurrent)
+    memory = [(a, b) for a, b, k in dag.edges if k == "memory"]
+    assert memory and dag.resource_edges == ()
+    validate_dag(dag, capacity_bytes=300)
+    with pytest.raises(TransitionError, match="400 bytes on GPU 0"):
+        validate_dag(dag.without(("memory",)), capacity_bytes=300)
+    assert _run(dag, 300, size, PPO.concurrent).live == set(tgt)
+    # unconstrained, nothing is chained; below one sender's need it is infeasible
+    assert not [k for _, _, k in compile_transition(src, tgt, size.__getitem__,
+                                                    conflicts=PPO.concurrent).edges
+                if k == "memory"]
+    with pytest.raises(TransitionError, match="one primitive at a time"):
+        compile_transition(src, tgt, size.__getitem__, capacity_bytes=299,
+                           conflicts=PPO.concurrent)

@@ -16,10 +16,11 @@ cycle. A layout choice whose buffers exceed a GPU's capacity is skipped (the rea
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
@@ -34,7 +35,10 @@ from nereus.transition.primitives import (
     Primitive,
     Split,
     StateSizer,
+    consumed,
     groupings_differ,
+    produced,
+    read_only,
     shard_bytes,
     sub_unit_gpus,
     sub_units,
@@ -42,6 +46,7 @@ from nereus.transition.primitives import (
 from nereus.transition.residency import (
     ConflictSpec,
     Exclusion,
+    excess_gpus,
     exclusion_for,
     memory_excess,
     raise_level,
@@ -417,7 +422,7 @@ def compile_transition(
     sizes = tuple((m, sizer(m)) for m in sorted(names))
 
     def fits(m: str, loc: _Local) -> str | None:
-        """Memory of ``m``'s local DAG beside the least its co-residents must hold."""
+        """Memory of ``m``'s local DAG beside what its co-residents keep throughout."""
         if capacity_bytes is None:
             return None
         lv = loc.levels
@@ -512,22 +517,70 @@ def compile_transition(
                                   "target needs)" + (f"; finer layouts exceed memory: {mem[0]}"
                                                      if mem else ""))
     if capacity_bytes is not None and excl.pairs is not None:
-        # co-resident model-stages: their chosen local DAGs' bytes together
-        why = memory_excess({m: locs[m].levels for m in names}, excl, capacity_bytes,
-                            reserved_bytes)
-        if why is not None:
-            raise TransitionError(f"co-resident model-stages exceed memory: {why}")
+        # co-resident model-stages: their chosen local DAGs' bytes together; where the bound
+        # does not fit, run every primitive on that GPU one after another and check exactly
+        bad = excess_gpus({m: locs[m].levels for m in names}, excl, capacity_bytes,
+                          reserved_bytes)
+        if bad:
+            dag = _chain_gpus(dag, bad, sizer, capacity_bytes, reserved_bytes or {})
     return dag
+
+
+def _chain_gpus(
+    dag: TransitionDag,
+    bad: list[tuple[int, str]],
+    sizer: StateSizer,
+    capacity_bytes: int | Mapping[int, int],
+    reserved: Mapping[int, int],
+) -> TransitionDag:
+    """``dag`` with "memory" edges chaining, in priority order, the primitives on each GPU of
+    ``bad``; raises when even one primitive at a time does not fit there.
+
+    Edges between consecutive primitives of a topological order keep it topological, so the
+    DAG stays acyclic and ``order`` stays valid.
+    """
+    prims = dag.primitives
+    seqs: dict[int, list[int]] = {g: [] for g, _ in bad}
+    for i in dag.order:
+        for g in prims[i].busy_gpus:
+            if g in seqs:
+                seqs[g].append(i)
+
+    def on(units: tuple[Emu, ...], g: int) -> int:
+        return sum(shard_bytes(sizer(u.model_stage), u.layout) for u in units if g in u.gpus)
+
+    have = set(dag.edges)
+    extra: list[tuple[int, int, str]] = []
+    for g, why in bad:
+        cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+        now = on(dag.source, g)
+        for i in seqs[g]:
+            p = prims[i]
+            during = now - on(consumed(p) + read_only(p), g) + p.peak_bytes()[g]
+            if during + reserved.get(g, 0) > cap:
+                raise TransitionError(
+                    f"co-resident model-stages exceed memory: {why}; one primitive at a time, "
+                    f"{type(p).__name__} of {p.model_stage} still needs "
+                    f"{during + reserved.get(g, 0)} bytes on GPU {g}")
+            now += on(produced(p), g) - on(consumed(p), g)
+        seq = seqs[g]
+        extra += [e for a, b in itertools.pairwise(seq) if (e := (a, b, "memory")) not in have]
+        have.update(extra)
+    return replace(dag, edges=dag.edges + tuple(dict.fromkeys(extra)))
 
 
 def _floors(source: Sequence[Emu], target: Sequence[Emu], sizer: StateSizer
             ) -> dict[str, dict[int, int]]:
-    """Per model-stage and GPU the bytes it surely holds there at some point (source or target)."""
-    out: dict[str, dict[int, int]] = {}
-    for u in (*source, *target):
-        raise_level(out, u.model_stage, dict.fromkeys(u.gpus, shard_bytes(sizer(u.model_stage),
-                                                                         u.layout)))
-    return out
+    """Per model-stage and GPU the bytes it holds there both before and after the transition
+    (the smaller of its source and target shards there; 0 where it holds none in either)."""
+    before: dict[str, dict[int, int]] = {}
+    after: dict[str, dict[int, int]] = {}
+    for units, out in ((source, before), (target, after)):
+        for u in units:
+            raise_level(out, u.model_stage,
+                        dict.fromkeys(u.gpus, shard_bytes(sizer(u.model_stage), u.layout)))
+    return {m: {g: min(b, after[m][g]) for g, b in lv.items() if g in after.get(m, {})}
+            for m, lv in before.items()}
 
 
 def _assemble(

@@ -116,18 +116,34 @@ def memory_excess(
     reserved_bytes: Mapping[int, int] | None = None,
 ) -> str | None:
     """None when every GPU's bound fits its capacity, else the reason for the first that does not."""
+    bad = excess_gpus(levels, excl, capacity_bytes, reserved_bytes, first=True)
+    return bad[0][1] if bad else None
+
+
+def excess_gpus(
+    levels: Levels,
+    excl: Exclusion,
+    capacity_bytes: int | Mapping[int, int],
+    reserved_bytes: Mapping[int, int] | None = None,
+    *,
+    first: bool = False,
+) -> list[tuple[int, str]]:
+    """``(GPU, reason)`` for every GPU whose bound exceeds its capacity (ascending GPU ids)."""
+    reserved = reserved_bytes or {}
+    out: list[tuple[int, str]] = []
     if excl.pairs is None:  # no GPU is shared: each model-stage's level alone
-        reserved = reserved_bytes or {}
         for m, lv in levels.items():
             for g, b in lv.items():
                 cap_g = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
                 if b + reserved.get(g, 0) > cap_g:
-                    return (f"{b + reserved.get(g, 0)} bytes on GPU {g} ({m} {b}) > capacity "
-                            f"{cap_g}")
-        return None
+                    out.append((g, f"{b + reserved.get(g, 0)} bytes on GPU {g} ({m} {b}) > "
+                                   f"capacity {cap_g}"))
+                    if first:
+                        return out
+        return sorted(out)
     gpus = sorted({g for lv in levels.values() for g in lv})
     if not gpus:
-        return None
+        return out
     col = {g: k for k, g in enumerate(gpus)}
     mat = np.zeros((len(excl.names), len(gpus)), dtype=np.int64)
     for m, lv in levels.items():
@@ -136,20 +152,21 @@ def memory_excess(
             mat[row, col[g]] = b
     sums = excl.sets_matrix @ mat  # (sets × GPUs)
     best = sums.max(axis=0)
-    if reserved_bytes:
-        best = best + np.array([reserved_bytes.get(g, 0) for g in gpus], dtype=np.int64)
+    if reserved:
+        best = best + np.array([reserved.get(g, 0) for g in gpus], dtype=np.int64)
     if isinstance(capacity_bytes, int):
         cap = np.full(len(gpus), capacity_bytes, dtype=np.int64)
     else:
         cap = np.array([capacity_bytes[g] for g in gpus], dtype=np.int64)
-    bad = np.flatnonzero(best > cap)
-    if not bad.size:
-        return None
-    k = int(bad[0])
-    which = excl.sets_matrix[int(sums[:, k].argmax())]
-    held = [(m, int(mat[i, k])) for i, m in enumerate(excl.names) if which[i] and mat[i, k]]
-    parts = " + ".join(f"{m} {b}" for m, b in held)
-    return f"{int(best[k])} bytes on GPU {gpus[k]} ({parts}) > capacity {int(cap[k])}"
+    for k in np.flatnonzero(best > cap).tolist():
+        which = excl.sets_matrix[int(sums[:, k].argmax())]
+        held = [(m, int(mat[i, k])) for i, m in enumerate(excl.names) if which[i] and mat[i, k]]
+        parts = " + ".join(f"{m} {b}" for m, b in held)
+        out.append((gpus[k], f"{int(best[k])} bytes on GPU {gpus[k]} ({parts}) > capacity "
+                             f"{int(cap[k])}"))
+        if first:
+            break
+    return out
 
 
 def raise_level(levels: dict[str, dict[int, int]], model_stage: str,

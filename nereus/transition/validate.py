@@ -5,9 +5,11 @@ conflicting ones are ordered by the DAG, then those events on that GPU happen in
 every execution that starts a primitive only after its predecessors finished, and never overlap in
 time. So one symbolic run in any topological order decides GPU ownership for all of them, and each
 model-stage's bytes on each GPU follow the same sequence in every execution. Co-resident
-model-stages (not conflicting) may interleave freely: memory is checked with the bound of
-:mod:`residency` (the largest sum of per-model-stage levels over non-conflicting model-stages). Copies: a model-stage keeps a copy
-throughout if one of its final units descends from a source unit through Splits and Merges only, or
+model-stages (not conflicting) may interleave freely: where they do, a GPU's memory is checked
+with the bound of :mod:`residency` (the largest sum of per-model-stage levels over non-conflicting
+model-stages); where every primitive on a GPU is ordered (always so without co-residency, and
+where the compiler chained them with "memory" edges) its bytes follow one sequence in every
+execution and the symbolic run checks them exactly. Copies: a model-stage keeps a copy throughout if one of its final units descends from a source unit through Splits and Merges only, or
 else if every Destroy of it comes after an Extend whose copy survives to the end.
 """
 
@@ -91,12 +93,15 @@ def validate_dag(
     for i, p in enumerate(prims):
         for g in p.busy_gpus:
             touching.setdefault(g, []).append(i)
+    loose: set[int] = set()  # GPUs with co-resident primitives the DAG leaves unordered
     for g, idxs in touching.items():
         for x in range(len(idxs)):
             for y in range(x + 1, len(idxs)):
                 a, b = idxs[x], idxs[y]
-                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1 \
-                        and excl.exclusive(prims[a].model_stage, prims[b].model_stage):
+                if (anc[b] >> a) & 1 or (anc[a] >> b) & 1:
+                    continue
+                loose.add(g)
+                if excl.exclusive(prims[a].model_stage, prims[b].model_stage):
                     raise TransitionError(
                         f"GPU {g}: {type(prims[a]).__name__} of {prims[a].model_stage} and "
                         f"{type(prims[b]).__name__} of {prims[b].model_stage} are unordered"
@@ -112,7 +117,17 @@ def validate_dag(
 
     # bytes per model-stage and GPU: now (live units) and the most it ever holds (its level)
     res: dict[tuple[str, int], int] = {}
+    tot: dict[int, int] = {}  # all model-stages' live bytes per GPU
     levels: dict[str, dict[int, int]] = {}
+
+    def add_res(m: str, g: int, b: int) -> None:
+        res[(m, g)] = res.get((m, g), 0) + b
+        tot[g] = tot.get(g, 0) + b
+        hold(m, g, res[(m, g)])
+
+    def cap_of(g: int) -> int:
+        assert capacity_bytes is not None
+        return capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
 
     def hold(m: str, g: int, b: int) -> None:
         lv = levels.setdefault(m, {})
@@ -144,9 +159,12 @@ def validate_dag(
             if any(excl.exclusive(w.model_stage, u.model_stage) for w in here):
                 raise TransitionError(f"source: GPU {g} held by two conflicting units")
             here.append(u)
-            key = (u.model_stage, g)
-            res[key] = res.get(key, 0) + b
-            hold(u.model_stage, g, res[key])
+            add_res(u.model_stage, g, b)
+    if capacity_bytes is not None:
+        for g, b in tot.items():  # the source collection alone
+            if g not in loose and b + reserved.get(g, 0) > cap_of(g):
+                raise TransitionError(f"memory: source holds {b} bytes on GPU {g} > capacity "
+                                      f"{cap_of(g)}")
     need = {v.model_stage for v in dag.target}
     copies: dict[str, int] = {}
     for u in dag.source:
@@ -165,6 +183,11 @@ def validate_dag(
         for g, b in p.peak_bytes().items():
             inputs = sum(resident(u) for u in ins if g in u.gpus)
             hold(ms, g, res.get((ms, g), 0) - inputs + b)
+            if capacity_bytes is not None and g not in loose:
+                during = tot.get(g, 0) - inputs + b + reserved.get(g, 0)
+                if during > cap_of(g):
+                    raise TransitionError(f"memory: {what} needs {during} bytes on GPU {g} > "
+                                          f"capacity {cap_of(g)}")
         if isinstance(p, Extend):
             readers.setdefault(p.src, []).append(i)
         parents: list[int] = []
@@ -179,6 +202,7 @@ def validate_dag(
             for g in u.gpus:
                 owner[g].remove(u)
                 res[(u.model_stage, g)] -= b
+                tot[g] -= b
         for u in produced(p):
             if u.model_stage != p.model_stage:
                 raise TransitionError(f"{what}: produces a unit of {u.model_stage}")
@@ -189,9 +213,7 @@ def validate_dag(
                     if excl.exclusive(w.model_stage, u.model_stage):
                         raise TransitionError(f"{what}: GPU {g} still held by {w.model_stage}")
                 here.append(u)
-                key = (u.model_stage, g)
-                res[key] = res.get(key, 0) + b
-                hold(u.model_stage, g, res[key])
+                add_res(u.model_stage, g, b)
             new_record(u, i)
             for rid in parents:
                 rec_children[rid].append(live[u])
@@ -204,7 +226,8 @@ def validate_dag(
         raise TransitionError(f"end state differs from the target: {len(missing)} missing, "
                               f"{len(extra)} extra units")
     if capacity_bytes is not None:
-        why = memory_excess(levels, excl, capacity_bytes, reserved)
+        shared = {m: {g: b for g, b in lv.items() if g in loose} for m, lv in levels.items()}
+        why = memory_excess(shared, excl, capacity_bytes, reserved)
         if why is not None:
             raise TransitionError(f"memory: {why}")
     _check_copies(dag, anc, need, rec_producer, rec_consumer, rec_children, rec_stage)
