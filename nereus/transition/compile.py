@@ -21,7 +21,6 @@ reported).
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -295,27 +294,45 @@ def _chain_gpus(
             if g in seqs:
                 seqs[g].append(i)
 
-    def on(units: tuple[Emu, ...], g: int) -> int:
-        return sum(shard_bytes(sizer(u.model_stage), u.layout) for u in units if g in u.gpus)
+    def add(acc: dict[int, int], units: tuple[Emu, ...], sign: int) -> None:
+        for u in units:
+            b = sign * shard_bytes(sizer(u.model_stage), u.layout)
+            for g in u.gpus:
+                if g in seqs:
+                    acc[g] = acc.get(g, 0) + b
 
+    now: dict[int, int] = {}  # bytes on each chained GPU between its primitives
+    add(now, dag.source, 1)
+    pending = {g: 0 for g in seqs}  # position reached in each GPU's chain
     have = set(dag.edges)
     extra: list[tuple[int, int, str]] = []
-    for g, why in bad:
-        cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
-        now = on(dag.source, g)
-        for i in seqs[g]:
-            p = prims[i]
-            during = now - on(consumed(p) + read_only(p), g) + p.peak_bytes()[g]
-            if during + reserved.get(g, 0) > cap:
+    why_of = dict(bad)
+    for i in dag.order:  # one pass: every chain in its own order
+        p = prims[i]
+        here = [g for g in p.busy_gpus if g in seqs]
+        if not here:
+            continue
+        inputs: dict[int, int] = {}
+        add(inputs, consumed(p) + read_only(p), 1)
+        peak = p.peak_bytes()
+        for g in here:
+            cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+            during = now.get(g, 0) - inputs.get(g, 0) + peak[g] + reserved.get(g, 0)
+            if during > cap:
                 raise TransitionError(
-                    f"co-resident model-stages exceed memory: {why}; one primitive at a time, "
-                    f"{type(p).__name__} of {p.model_stage} still needs "
-                    f"{during + reserved.get(g, 0)} bytes on GPU {g}")
-            now += on(produced(p), g) - on(consumed(p), g)
-        seq = seqs[g]
-        extra += [e for a, b in itertools.pairwise(seq) if (e := (a, b, "memory")) not in have]
-        have.update(extra)
-    return replace(dag, edges=dag.edges + tuple(dict.fromkeys(extra)))
+                    f"co-resident model-stages exceed memory: {why_of[g]}; one primitive at a "
+                    f"time, {type(p).__name__} of {p.model_stage} still needs {during} bytes "
+                    f"on GPU {g}")
+            k = pending[g]
+            if k:
+                e = (seqs[g][k - 1], i, "memory")
+                if e not in have:
+                    have.add(e)
+                    extra.append(e)
+            pending[g] = k + 1
+        add(now, produced(p), 1)
+        add(now, consumed(p), -1)
+    return replace(dag, edges=dag.edges + tuple(extra))
 
 
 def _floors(source: Sequence[Emu], target: Sequence[Emu], sizer: StateSizer
@@ -344,19 +361,24 @@ def _assemble(
     prims: list[Primitive] = []
     edges: list[tuple[int, int, str]] = []
     release: dict[int, list[int]] = {}  # GPU → Destroys (of any model-stage) that free it
+    stage_of: list[str] = []
+    keys: list[tuple[int, int, str, int]] = []  # priority: release first, gen → inf → train
     for m in names:
         off = len(prims)
         loc = locs[m]
         prims.extend(loc.prims)
+        stage_of += [m] * len(loc.prims)
+        srank = rank.get(m, default_stage_rank(m))
+        keys += [(KIND_ORDER[type(p)], srank, m, off + k) for k, p in enumerate(loc.prims)]
         edges.extend((a + off, b + off, k) for a, b, k in loc.edges)
         for g, d in loc.release.items():
             release.setdefault(g, []).append(d + off)
     for i, p in enumerate(prims):
         if isinstance(p, Extend):
-            ms = p.model_stage
+            ms = stage_of[i]
             frees = {d for g in p.new.gpus for d in release.get(g, ())}
             for d in sorted(frees):
-                if excl.conflicts(prims[d].model_stage, ms):
+                if excl.conflicts(stage_of[d], ms):
                     edges.append((d, i, "resource"))
     edges = list(dict.fromkeys(edges))
     n = len(prims)
@@ -366,12 +388,7 @@ def _assemble(
         succ[a].append(b)
         indeg[b] += 1
 
-    def key(i: int) -> tuple[int, int, str, int]:
-        p = prims[i]
-        ms = p.model_stage
-        return (KIND_ORDER[type(p)], rank.get(ms, default_stage_rank(ms)), ms, i)
-
-    heap = [key(i) for i in range(n) if indeg[i] == 0]
+    heap = [keys[i] for i in range(n) if indeg[i] == 0]
     heapq.heapify(heap)
     order: list[int] = []
     while heap:
@@ -380,7 +397,7 @@ def _assemble(
         for j in succ[i]:
             indeg[j] -= 1
             if indeg[j] == 0:
-                heapq.heappush(heap, key(j))
+                heapq.heappush(heap, keys[j])
     t_sub = tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None)
     dag = TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges), tuple(order),
                         t_sub, excl.pairs, sizes)
