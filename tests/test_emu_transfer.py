@@ -157,3 +157,18 @@ def test_destroy_refuses_last_copy() -> None:
         destroy(a, [a])
     with pytest.raises(TransitionError):
         destroy(a, [a, Emu("m", "other-state", Layout(1, 1), (1,))])
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(LAYOUTS))
+def test_combined_extends_cover_both_targets(layout: Layout) -> None:
+    from nereus.emu.transfer import combine_plans
+
+    reps = [Emu("m", "s", layout, tuple(range(i * layout.size, (i + 1) * layout.size)))
+            for i in range(2)]
+    x1 = extend(SPEC, reps, tuple(range(2 * layout.size, 3 * layout.size)))
+    x2 = extend(SPEC, reps, tuple(range(3 * layout.size, 4 * layout.size)))
+    plan = combine_plans([x1.plan, x2.plan])
+    assert plan.sources == tuple(reps) and plan.targets == (x1.result, x2.result)
+    _check_plan(SPEC, plan)
+    assert plan.bytes_moved == plan.bytes_min == x1.bytes_min + x2.bytes_min

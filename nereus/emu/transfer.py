@@ -159,3 +159,30 @@ def plan_transfer(spec: ModelSpec, sources: Sequence[Emu], targets: Sequence[Emu
                                           _to_local(best.piece, frag), _to_local(piece, frag)))
     return TransferPlan(tuple(sources), tuple(targets), tuple(moves),
                         min_values * value_bytes * fields, value_bytes, fields)
+
+
+def combine_plans(plans: Sequence[TransferPlan]) -> TransferPlan:
+    """Several plans executed as one pass (concurrent primitives); sources are deduplicated,
+    targets concatenated in order."""
+    if not plans:
+        raise TransitionError("no plans to combine")
+    if len({(p.value_bytes, p.fields) for p in plans}) != 1:
+        raise TransitionError("combined plans must move the same fields")
+    sources: list[Emu] = []
+    targets: list[Emu] = []
+    moves: list[Move] = []
+    for p in plans:
+        src_index = []
+        for e in p.sources:
+            if e not in sources:
+                sources.append(e)
+            src_index.append(sources.index(e))
+        base = len(targets)
+        targets += p.targets
+        moves += [Move(m.dst_gpu, base + m.dst_unit, m.dst_key, m.tensor, m.global_box, m.src_gpu,
+                       src_index[m.src_unit], m.src_key, m.src_box, m.dst_box) for m in p.moves]
+    src_gpus = [g for e in sources for g in e.gpus]
+    if len(set(src_gpus)) != len(src_gpus):
+        raise TransitionError(f"combined source units overlap on GPUs: {sorted(src_gpus)}")
+    return TransferPlan(tuple(sources), tuple(targets), tuple(moves),
+                        sum(p.bytes_min for p in plans), plans[0].value_bytes, plans[0].fields)

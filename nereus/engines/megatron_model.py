@@ -74,8 +74,11 @@ class StageGroups:
     pos_embd: dist.ProcessGroup  # first pipeline rank at this tp position
 
 
-def transformer_config(spec: ModelSpec, tp: int, pp: int) -> TransformerConfig:
-    """Megatron's TransformerConfig for ``spec`` at tp×pp, CPU-safe, fp32, no dropout."""
+def transformer_config(spec: ModelSpec, tp: int, pp: int,
+                       initialize: bool = True) -> TransformerConfig:
+    """Megatron's TransformerConfig for ``spec`` at tp×pp, CPU-safe, fp32, no dropout.
+
+    ``initialize=False`` leaves weights uninitialised (for units about to be filled)."""
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -93,6 +96,7 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int) -> TransformerConfig:
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         use_cpu_initialization=True,
+        perform_initialization=initialize,
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
         bias_dropout_fusion=False,
@@ -114,7 +118,7 @@ def layer_spec(spec: ModelSpec) -> Any:
 
 
 def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGroups,
-              seed: int = 0) -> GPTModel:
+              seed: int = 0, initialize: bool = True) -> GPTModel:
     """A GPTModel for pipeline stage ``pp_rank`` of a tp×pp unit; the seed fixes the master draws."""
     if not spec.learned_positions:
         raise ValueError(f"{spec.name}: the CPU engine supports learned absolute positions only")
@@ -126,7 +130,7 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
         dp_cp=groups.solo, embd=groups.embd, pos_embd=groups.pos_embd,
     )
     return GPTModel(
-        config=transformer_config(spec, tp, pp),
+        config=transformer_config(spec, tp, pp, initialize),
         transformer_layer_spec=layer_spec(spec),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_seq_len,

@@ -16,6 +16,7 @@ out transfer raises CommunicationError and leaves the source units intact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from nereus.emu.boxes import Box
 from nereus.emu.primitives import Destroy, Extend, Merge, Split, destroy
-from nereus.emu.transfer import Move, TransferPlan
+from nereus.emu.transfer import Move, TransferPlan, combine_plans
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.groups import TransitionGroup, transition_group, unit_groups
@@ -42,7 +43,7 @@ def _view(t: torch.Tensor, box: Box) -> torch.Tensor:
 META_VALUES = 5  # updates, model-stage version, policy version, position p, Adam step
 
 
-def _meta_of(s: UnitState) -> torch.Tensor:
+def meta_of(s: UnitState) -> torch.Tensor:
     c = s.counters
     return torch.tensor([c.updates, c.model_stage_version, c.policy_version, c.position,
                          round(s.step_value())], dtype=torch.int64)
@@ -87,7 +88,7 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
                 if peer not in src_gpus and min(plan.peers(peer)[1]) == global_rank:
                     assert my_src is not None
                     works.append(("send meta to", peer,
-                                  group.pg.send([_meta_of(my_src)], group.group_rank(peer), 1)))
+                                  group.pg.send([meta_of(my_src)], group.group_rank(peer), 1)))
             for peer in recv_from:
                 n = sum(m.values for m in plan.sends(peer, global_rank)) * len(fields)
                 recv_bufs[peer] = torch.empty(n, dtype=torch.float32)
@@ -128,13 +129,15 @@ class Executor:
         self.lr = lr
         self.units: Units = {}
         self._seq = 0
+        self.last_transfer_s = 0.0  # wall time of the last plan execution on this rank
 
-    def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0) -> None:
+    def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0,
+               initialize: bool = True) -> None:
         """Create the groups (collective) and, on its ranks, the state of a new unit."""
         groups = unit_groups(emu, self.global_rank, self.timeout_s)
         if groups is not None:
             self.units[emu] = new_unit_state(self.spec, emu, self.global_rank, groups, lr=self.lr,
-                                             step=step, counters=counters)
+                                             step=step, counters=counters, initialize=initialize)
 
     def _group(self, plan: TransferPlan) -> TransitionGroup | None:
         self._seq += 1
@@ -157,8 +160,9 @@ class Executor:
             groups = unit_groups(emu, self.global_rank, self.timeout_s)
             pending.append(None if groups is None else new_unit_state(
                 self.spec, emu, self.global_rank, groups, lr=self.lr, step=step,
-                counters=counters))
+                counters=counters, initialize=False))
         group = self._group(plan)
+        t0 = time.perf_counter()
         meta = execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
                             pending, group)
         if meta is not None:
@@ -168,6 +172,7 @@ class Executor:
                     st.counters = c
                     for opt_state in st.optimizer.state.values():
                         opt_state["step"].fill_(float(meta[4]))
+        self.last_transfer_s = time.perf_counter() - t0
         return pending
 
     def _install(self, plan: TransferPlan, made: list[UnitState | None],
@@ -190,6 +195,18 @@ class Executor:
         made = self._transfer(op.plan)
         self._install(op.plan, made, [])
 
+    def concurrent(self, ops: Sequence[Split | Merge | Extend]) -> None:
+        """Run several transfer primitives as one pass (all their pairs at once)."""
+        plan = combine_plans([op.plan for op in ops])
+        made = self._transfer(plan)
+        drop: list[Emu] = []
+        for op in ops:
+            if isinstance(op, Split):
+                drop.append(op.source)
+            elif isinstance(op, Merge):
+                drop += op.sources
+        self._install(plan, made, drop)
+
     def destroy(self, op: Destroy) -> None:
         destroy(op.unit, op.survivors)  # re-checks: never the last copy
         self.units.pop(op.unit, None)
@@ -199,5 +216,7 @@ class Executor:
         if plan.fields != 1:
             raise TransitionError("weight sync moves parameters only (fields=1)")
         group = self._group(plan)
+        t0 = time.perf_counter()
         execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
                      [self.units.get(e) for e in plan.targets], group)
+        self.last_transfer_s = time.perf_counter() - t0

@@ -80,10 +80,11 @@ class UnitState:
 
 def new_unit_state(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGroups, *,
                    lr: float = 1e-3, seed: int = 0, step: float = 0.0,
-                   counters: Counters | None = None) -> UnitState:
+                   counters: Counters | None = None, initialize: bool = True) -> UnitState:
     """Build the stage model and an Adam optimizer whose state exists (zeros) from the start."""
     pp_rank, _ = divmod(emu.gpus.index(global_rank), emu.layout.tp)
-    model = build_gpt(spec, emu.layout.tp, emu.layout.pp, pp_rank, groups, seed=seed)
+    model = build_gpt(spec, emu.layout.tp, emu.layout.pp, pp_rank, groups, seed=seed,
+                      initialize=initialize)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for p in model.parameters():
         opt.state[p] = {"step": torch.tensor(float(step)),

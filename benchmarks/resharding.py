@@ -1,0 +1,282 @@
+"""Live resharding (Split / Merge / Extend / Destroy over gloo) against checkpoint/restart.
+
+A Megatron-core GPTModel (default ``medium-gpt``: 82.6 M parameters, 248 M values with Adam)
+over 8 CPU ranks. Per transition: bytes moved against the minimum (bytes whose owner changes),
+seconds of the live transition (building the target Megatron models included) against
+checkpoint/restart (torch DCP save in the running job + a fresh launch of 8 processes that
+import, initialise, build the target layout and load), and the achieved transfer bandwidth
+against the gloo point-to-point bandwidth measured in the same run.
+
+    python3 benchmarks/resharding.py [--json] [--model medium-gpt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+WORLD = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _init(rank: int, port: int) -> Any:
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, WORLD, rank == 0, timedelta(seconds=600))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=600))
+    return store
+
+
+def _entry(rank: int, port: int, out_dir: str, fn_name: str, args: tuple[Any, ...]) -> None:
+    import pickle
+
+    import torch.distributed as dist
+
+    store = _init(rank, port)
+    result = globals()[fn_name](rank, store, *args)
+    dist.barrier()
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _launch(fn_name: str, *args: Any) -> tuple[list[Any], float]:
+    """Start 8 fresh processes running ``fn_name``; (per-rank results, wall seconds)."""
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        t0 = time.perf_counter()
+        mp.start_processes(_entry, args=(_free_port(), out_dir, fn_name, args), nprocs=WORLD,
+                           join=True, start_method="spawn")
+        wall_s = time.perf_counter() - t0
+        out = []
+        for r in range(WORLD):
+            with open(os.path.join(out_dir, f"{r}.pkl"), "rb") as f:
+                out.append(pickle.load(f))
+    return out, wall_s
+
+
+def _units(dp: int, tp: int, pp: int, first_gpu: int = 0) -> list[Any]:
+    from nereus.emu.unit import Emu, Layout
+
+    size = tp * pp
+    return [Emu("actor-train", "s", Layout(tp, pp),
+                tuple(range(first_gpu + i * size, first_gpu + (i + 1) * size)))
+            for i in range(dp)]
+
+
+def _fill(ex: Any) -> None:
+    """Adam moments derived from the (seeded, replica-identical) Megatron initial weights."""
+    import torch
+
+    with torch.no_grad():
+        for st in ex.units.values():
+            t = st.tensors()
+            for k, p in t["param"].items():
+                t["exp_avg"][k].copy_(p * 0.1)
+                t["exp_avg_sq"][k].copy_(p * p)
+
+
+def _p2p(rank: int, store: Any, n_values: int) -> float:
+    """Seconds of the best of 3 sends of ``n_values`` fp32 from rank 0 to rank 1 (gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    from nereus.runtime.groups import transition_group
+
+    best = float("inf")
+    for i in range(3):
+        if rank in (0, 1):
+            g = transition_group(store, f"p2p{i}", (0, 1), rank, 120.0)
+            buf = torch.full((n_values,), float(rank))
+            t0 = time.perf_counter()
+            if rank == 0:
+                g.pg.send([buf], 1, 0).wait()
+            else:
+                g.pg.recv([buf], 0, 0).wait()
+            best = min(best, time.perf_counter() - t0)
+        dist.barrier()
+    return best
+
+
+def _timed(ex: Any, fn: Any) -> tuple[float, float]:
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    ex.last_transfer_s = 0.0
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0, ex.last_transfer_s
+
+
+def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
+    """The live transitions, in one job; saves a checkpoint before each (timed separately)."""
+    import torch.distributed as dist
+
+    from nereus.emu.primitives import destroy, extend, merge, split
+    from nereus.emu.unit import Layout
+    from nereus.runtime.checkpoint import save_units
+    from nereus.runtime.primitives import Executor
+    from nereus.spec.model import MODEL_PRESETS
+
+    spec = MODEL_PRESETS[model]
+    ex = Executor(spec, rank, store, "bench", timeout_s=600.0)
+    out: dict[str, Any] = {"p2p_s": _p2p(rank, store, 32 * 2**20), "rows": []}
+
+    def start(units: list[Any]) -> None:
+        ex.units.clear()
+        for u in units:
+            ex.create(u)
+        _fill(ex)
+
+    def row(name: str, ops: list[Any], run: Any) -> None:
+        path = os.path.join(ckpt_root, f"row{len(out['rows'])}")
+        dist.barrier()
+        t0 = time.perf_counter()
+        writers = [sorted(ex.units)[0] if rank == 0 else None]  # rank 0's first unit writes
+        dist.broadcast_object_list(writers, src=0)
+        save_units(path, list(ex.units.values()), writers[0])
+        dist.barrier()
+        save_s = time.perf_counter() - t0
+        seconds, transfer_s = _timed(ex, run)
+        out["rows"].append({"transition": name, "save_s": save_s, "seconds": seconds,
+                            "transfer_s": transfer_s,
+                            "bytes_moved": sum(op.bytes_moved for op in ops),
+                            "bytes_min": sum(op.bytes_min for op in ops),
+                            "targets": sorted(ex.units), "path": path})
+
+    src = _units(2, 2, 1)
+    start(src)
+    ext = [extend(spec, src, tuple(range(4, 6))), extend(spec, src, tuple(range(6, 8)))]
+    row("Extend dp 2→4 (tp2)", ext, lambda: ex.concurrent(ext))
+    live = src + [x.result for x in ext]
+    des = [destroy(u, live) for u in live[2:]]
+
+    def destroy_all() -> None:
+        for d in des:
+            ex.destroy(d)
+
+    row("Destroy dp 4→2 (tp2)", des, destroy_all)
+    spl = [split(spec, u, Layout(1, 1)) for u in src]
+    row("Split tp 2→1 (dp 2→4)", spl, lambda: ex.concurrent(spl))
+    parts = [s.results for s in spl]
+    mer = [merge(spec, list(p), Layout(2, 1)) for p in parts]
+    row("Merge tp 1→2 (dp 4→2)", mer, lambda: ex.concurrent(mer))
+    start(_units(4, 1, 2))
+    pp_src = _units(4, 1, 2)
+    mpp = [merge(spec, pp_src[i:i + 2], Layout(1, 4)) for i in (0, 2)]
+    row("Merge pp 2→4 (dp 4→2)", mpp, lambda: ex.concurrent(mpp))
+    start(_units(4, 2, 1))
+    c1 = _units(4, 2, 1)
+    cm = [merge(spec, c1[i:i + 2], Layout(4, 1)) for i in (0, 2)]
+    row("(4,2,1)→(2,4,1)", cm, lambda: ex.concurrent(cm))
+    start(_units(2, 2, 2))
+    c2 = _units(2, 2, 2)
+    cs = [split(spec, u, Layout(2, 1)) for u in c2]
+    cmm = [merge(spec, list(s.results), Layout(4, 1)) for s in cs]
+
+    def split_then_merge() -> None:
+        ex.concurrent(cs)
+        split_transfer_s = ex.last_transfer_s
+        ex.concurrent(cmm)  # local copies only
+        ex.last_transfer_s = split_transfer_s
+
+    row("(2,2,2)→(2,4,1)", cs + cmm, split_then_merge)
+    return out
+
+
+def restart(rank: int, store: Any, model: str, path: str, targets: list[Any]) -> dict[str, float]:
+    """A fresh job: build the target layout (no random init) and load the checkpoint."""
+    import torch.distributed as dist
+
+    from nereus.runtime.checkpoint import load_units
+    from nereus.runtime.primitives import Executor
+    from nereus.spec.model import MODEL_PRESETS
+
+    t0 = time.perf_counter()
+    ex = Executor(MODEL_PRESETS[model], rank, store, "restart", timeout_s=600.0)
+    for u in targets:
+        ex.create(u, initialize=False)
+    build_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    load_units(path, list(ex.units.values()))
+    dist.barrier()
+    return {"build_s": build_s, "load_s": time.perf_counter() - t1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--model", default="medium-gpt")
+    args = ap.parse_args(argv)
+    from nereus.spec.model import MODEL_PRESETS
+
+    spec = MODEL_PRESETS[args.model]
+    ckpt_root = tempfile.mkdtemp(prefix="nereus-resharding-")
+    try:
+        results, job_s = _launch("bench", args.model, ckpt_root)
+        res0 = results[0]
+        p2p_bytes = 32 * 2**20 * 4
+        p2p_gbps = p2p_bytes / max(r["p2p_s"] for r in results[:2]) / 1e9
+        rows = []
+        for i, r in enumerate(res0["rows"]):
+            per_rank = [res["rows"][i] for res in results]
+            seconds = max(x["seconds"] for x in per_rank)
+            transfer_s = max(x["transfer_s"] for x in per_rank)
+            save_s = max(x["save_s"] for x in per_rank)
+            timings, launch_s = _launch("restart", args.model, r["path"], r["targets"])
+            restart_s = save_s + launch_s
+            achieved = r["bytes_moved"] / transfer_s / 1e9 if r["bytes_moved"] and transfer_s else 0
+            rows.append({
+                "transition": r["transition"], "bytes_moved": r["bytes_moved"],
+                "bytes_min": r["bytes_min"], "seconds": round(seconds, 3),
+                "restart_seconds": round(restart_s, 3),
+                "p2p_fraction": round(achieved / p2p_gbps, 3) if r["bytes_moved"] else None,
+                "_save_s": save_s, "_load_s": max(t["load_s"] for t in timings),
+                "_transfer_s": transfer_s,
+            })
+    finally:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+    table = sys.stderr if args.json else sys.stdout  # --json: the table goes to stderr
+    if args.json:
+        print(json.dumps({"rows": [{k: v for k, v in r.items() if not k.startswith("_")}
+                                   for r in rows],
+                          "model": spec.name, "ranks": WORLD, "p2p_gbps": round(p2p_gbps, 3)}))
+    print(f"{spec.name}: {spec.num_params() / 1e6:.1f} M params, {WORLD} gloo CPU ranks; "
+          f"gloo p2p {p2p_gbps:.2f} GB/s (one pair, 128 MiB); live job {job_s:.0f} s", file=table)
+    print(f"{'transition':28} {'moved MB':>9} {'min MB':>8} {'live s':>7} {'restart s':>9} "
+          f"{'speedup':>8} {'p2p frac':>8}  (save s / load s / transfer s)", file=table)
+    for r in rows:
+        frac = "-" if r["p2p_fraction"] is None else f"{r['p2p_fraction']:.2f}"
+        print(f"{r['transition']:28} {r['bytes_moved'] / 1e6:9.1f} {r['bytes_min'] / 1e6:8.1f} "
+              f"{r['seconds']:7.2f} {r['restart_seconds']:9.2f} "
+              f"{r['restart_seconds'] / r['seconds']:7.1f}x {frac:>8}  "
+              f"({r['_save_s']:.2f} / {r['_load_s']:.2f} / {r['_transfer_s']:.2f})", file=table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
