@@ -8,7 +8,8 @@ transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_nod
 pool the controller sees shrinks or grows after step k), ``force_transitions``
 (``{at_step: k, layouts: {model-stage: [tp, pp]}}``: after step k switch to the best plan with
 those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
-parameters of every trainable model-stage).
+parameters of every trainable model-stage), ``inject_failure`` (``{rank: r, at_step: k}``: rank r
+raises at step k, k = -1 at start — fault injection to test that no rank hangs).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from nereus.spec.hardware import ClusterSpec
 from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
-        "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state")
+        "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
+        "inject_failure")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -62,6 +64,7 @@ class RunConfig:
     events: tuple[Event, ...] = ()
     force_transitions: tuple[ForcedTransition, ...] = ()
     save_state: str = ""
+    inject_failure: tuple[int, int] | None = None  # (global rank, step; -1 = at start)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in KEYS}
@@ -76,8 +79,11 @@ class RunConfig:
         forced = tuple(ForcedTransition(int(t["at_step"]), tuple(
             (str(n), (int(v[0]), int(v[1]))) for n, v in sorted(t["layouts"].items())))
             for t in d["force_transitions"])
-        rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions")}
-        return RunConfig(**rest, events=events, force_transitions=forced)
+        rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
+                                                   "inject_failure")}
+        fail = d.get("inject_failure")
+        return RunConfig(**rest, events=events, force_transitions=forced,
+                         inject_failure=None if fail is None else (int(fail[0]), int(fail[1])))
 
 
 def _event(path: str, raw: Any, steps: int, nodes: int) -> Event:
@@ -165,6 +171,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s)),
         events=events, force_transitions=forced,
         save_state=str(raw.get("save_state", "")),
+        inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
     )
     return rc, setup
 
@@ -173,3 +180,17 @@ def _list(path: str, value: Any) -> list[Any]:
     if not isinstance(value, list):
         raise ConfigError(path, value, "must be a list")
     return value
+
+
+def _failure(raw: Any, ranks: int, steps: int) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    path = "runtime.inject_failure"
+    raw = f.mapping(path, raw, ("rank", "at_step"))
+    rank = f.non_negative_int(f.join(path, "rank"), raw.get("rank"))
+    if rank >= ranks:
+        raise ConfigError(f.join(path, "rank"), rank, f"must be < ranks={ranks}")
+    at = raw.get("at_step", -1)
+    if isinstance(at, bool) or not isinstance(at, int) or not -1 <= at < steps:
+        raise ConfigError(f.join(path, "at_step"), at, f"must be -1 (start) .. {steps - 1}")
+    return rank, at

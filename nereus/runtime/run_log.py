@@ -35,7 +35,9 @@ class RunRecorder:
 
         self.setup = setup
         self.rc = rc
-        self.console = Console(highlight=False, soft_wrap=True)
+        import sys
+
+        self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         meta = {"command": "nereus run", "ranks": rc.ranks, "steps": rc.steps,
                 "hardware": setup.cluster.gpu.name, "nodes": setup.cluster.nodes,
                 "gpus_per_node": setup.cluster.gpus_per_node, "algorithm": setup.job.algorithm}
@@ -84,7 +86,11 @@ class RunRecorder:
         if forced:
             target = ctl.forced(obs, dict(forced[0].layouts))
             kind = "forced"
-            self.log.log_event(step, "forced-transition", forced[0].to_dict())
+            self.log.log_event(step, "forced-transition",
+                               {**forced[0].to_dict(), "found": target is not None})
+            if target is None:
+                self.console.print(f"  forced transition after step {step + 1}: no plan with "
+                                   f"{forced[0].to_dict()['layouts']} fits; plan kept")
         elif step < self.rc.steps - 1:
             d = ctl.after_step(obs)
             if d is not None and d.replanned:
@@ -92,7 +98,7 @@ class RunRecorder:
                 self.log.log_replan(step, ",".join(d.triggers), dd, dd["transition_s"],
                                     None)
                 adm = d.admission
-                if adm is not None and adm.path in ("urgent", "opportunistic", "restart"):
+                if adm is not None:
                     self.log.log_admission(
                         step, adm.admitted, "opportunistic" if adm.path == "opportunistic"
                         else "urgent", adm.reason, adm.delta_l_s, adm.transition_s,
@@ -100,6 +106,12 @@ class RunRecorder:
                 if adm is not None and adm.admitted and adm.target is not None \
                         and adm.target != plan:
                     target, kind = adm.target, adm.path
+                elif adm is not None and not adm.admitted and d.lost_gpus:
+                    # Emulation: the removed ranks are alive, so the job goes on on the current
+                    # plan (a real job would checkpoint and wait for the pool to change).
+                    self.log.log_event(step, "no-feasible-plan", {"reason": adm.reason})
+                    self.console.print(f"  no plan fits the pool after step {step + 1}: "
+                                       f"{adm.reason}; continuing on the current plan")
         losses = " ".join(f"{k.split('-')[0]} {v:+.4f}" for k, v in r0["losses"].items())
         self.console.print(
             f"step {step + 1:>3}/{self.rc.steps}  reward {r0['reward']:.3f}  "
@@ -109,7 +121,9 @@ class RunRecorder:
         self.log.flush()
         if target is None or target == plan:
             return None
-        return {"plan": target.to_dict(), "pool": list(ctl.pool), "kind": kind}
+        predicted = ctl.port().transition_s(plan, target) or 0.0
+        return {"plan": target.to_dict(), "pool": list(ctl.pool), "kind": kind,
+                "predicted_s": predicted}
 
     def _calibrate_oom(self, ctl: RankZeroController, plan: ExecutionPlan, e: dict[str, Any],
                        r0: dict[str, Any]) -> None:
@@ -127,7 +141,8 @@ class RunRecorder:
         self.transitions += 1
         self.transition_s += measured_s
         self.log.log_transition(step, {"kind": target["kind"], "executor": "gather-reload"},
-                                [], moved_bytes, 0.0, measured_s, plan=plan.to_dict())
+                                [], moved_bytes, float(target.get("predicted_s", 0.0)),
+                                measured_s, plan=plan.to_dict())
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
         self.console.print(f"  transition after step {step + 1} ({target['kind']}, "
@@ -138,8 +153,9 @@ class RunRecorder:
         from rich.table import Table
 
         table = Table(title="nereus run")
+        wrap = {"plan": {"no_wrap": True}}
         for col in ("step", "reward", "mean len", "actor loss", "critic loss", "step s", "plan"):
-            table.add_column(col)
+            table.add_column(col, **wrap.get(col, {}))  # type: ignore[arg-type]
         for r in self.rows:
             table.add_row(str(r["step"] + 1), f"{r['reward']:.3f}", f"{r['len']:.1f}",
                           f"{r['losses'].get('actor-train', float('nan')):+.4f}",

@@ -86,7 +86,6 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
     import torch.distributed as dist
 
     from nereus.config.load import load_config
-    from nereus.control.signals import Observation
     from nereus.errors import ConfigError, InfeasiblePlanError
     from nereus.rl.sample_order import SampleOrder
     from nereus.rl.task import PatternTask
@@ -116,6 +115,12 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
         return cfg, rc, setup
 
     cfg, rc, setup = _agree(plane, setup_all)
+
+    def maybe_fail(at_step: int) -> None:
+        if rc.inject_failure == (rank, at_step):
+            raise RuntimeError(f"injected failure (runtime.inject_failure) at step {at_step}")
+
+    maybe_fail(-1)
     ctl = RankZeroController(setup, rc.adapt) if plane.is_root else None
     recorder: RunRecorder | None = None
 
@@ -163,6 +168,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
     for step in range(rc.steps):
         plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
                         if plane.is_root else None)
+        maybe_fail(step)
         t0 = time.perf_counter()
         res = run_step(inp, units, step, comm, account)
         step_s = time.perf_counter() - t0
@@ -205,7 +211,6 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
                 json.dump(summary, fh)
     plane.agree(True)
     dist.destroy_process_group()
-    _ = Observation
     return 0
 
 

@@ -1,0 +1,150 @@
+"""``nereus run``: real MPI ranks, Megatron-core models, gloo transfers, HDF5 log (mpi marker).
+
+Runs the CLI as a subprocess (as a user would). Runtime on 2 shared cores: about 2–3 minutes,
+most of it the start-up of the ranks (importing torch and megatron-core in every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpiexec") is None,
+                                                  reason="needs mpiexec (the mpi extra)")]
+ROOT = Path(__file__).resolve().parent.parent
+ADAM_LR = 1e-3  # runtime.lr default
+SMALL = """
+job: {algorithm: ppo, mode: sync, global_batch: 8, minibatches: 2, prompt_len: 8, gen_len: 16,
+      reward_model: true}
+models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt, reward: tiny-gpt}
+cluster: {nodes: 4, gpus_per_node: 1, gpu: cpu, memory_per_gpu_gb: 0.5}
+"""
+
+
+def nereus(*args: str, timeout_s: float = 400.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nereus", *args], capture_output=True,
+                          text=True, timeout=timeout_s, cwd=ROOT)
+
+
+def _write(tmp: Path, name: str, runtime: str) -> Path:
+    p = tmp / name
+    p.write_text(SMALL + "runtime: " + runtime + "\n")
+    return p
+
+
+def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "run.h5"
+    res = nereus("run", "examples/ppo-tiny-cpu.yaml", "--ranks", "4", "--steps", "3",
+                 "--log", str(log), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and len(summary["rewards"]) == 3
+    assert all(set(loss) == {"actor-train", "critic-train"} for loss in summary["losses"])
+    assert all(np.isfinite(v) for loss in summary["losses"] for v in loss.values())
+    assert "step   3/3" in res.stderr  # the live progress line (stdout goes to stderr with --json)
+    rep = nereus("report", str(log), "--json", "--no-plots")
+    assert rep.returncode == 0, rep.stderr
+    data = json.loads(rep.stdout)
+    assert json.dumps(data).count("step") > 0
+    from nereus.log.reader import read_run_log
+
+    run = read_run_log(log)
+    assert run.closed and list(run.steps["step"]) == [0, 1, 2]
+    assert np.all(run.steps["step_s"] > 0)
+
+
+def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: Path) -> None:
+    """Baseline: 2 nodes x 2 ranks, the initial plan kept. Forced: a TP change of actor-gen after
+    step 0 and TP→DP changes of both trainers after step 1. Removal: 4 nodes x 1 rank, node 3
+    leaves after step 0 (urgent DP scale-down). Same seed → same samples, rewards, losses and
+    final parameters up to reduction order: fp32, a different TP splits GEMM sums and a different
+    DP sums gradients in another order (relative differences ~1e-7 per op), hence rel 1e-4 on
+    losses; sampled tokens (and so rewards and lengths) are identical. Parameters: relative
+    difference of the whole state ≤ 1e-4 (measured ~1e-7); per element ≤ 3·lr, since
+    Adam's normalized step m/(√v+ε) of an element whose gradient is near ε can differ by up to
+    lr per step under a different reduction order (seen: one element in 4096 off by 1.4e-5)."""
+    two_by_two = "cluster: {nodes: 2, gpus_per_node: 2"
+    runs = {
+        "base": (two_by_two, "{steps: 3, adapt: false, save_state: %s}"),
+        "forced": (two_by_two, "{steps: 3, save_state: %s, force_transitions: ["
+                   "{at_step: 0, layouts: {actor-gen: [2, 1]}}, "
+                   "{at_step: 1, layouts: {actor-train: [1, 1], critic-train: [1, 1]}}]}"),
+        "removal": ("cluster: {nodes: 4, gpus_per_node: 1",
+                    "{steps: 3, save_state: %s, events: [{at_step: 0, remove_node: 3}]}"),
+    }
+    out = {}
+    for name, (cluster, runtime) in runs.items():
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(SMALL.replace("cluster: {nodes: 4, gpus_per_node: 1", cluster)
+                       + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        res = nereus("run", str(cfg), "--log", str(tmp_path / f"{name}.h5"), "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[name] = json.loads(res.stdout.strip().splitlines()[-1])
+    b = out["base"]
+    assert b["transitions"] == 0 and len(set(b["plans"])) == 1
+    assert out["forced"]["transitions"] == 2 and len(set(out["forced"]["plans"])) == 3
+    assert out["removal"]["transitions"] == 1 and len(set(out["removal"]["plans"])) == 2
+    xb = np.load(tmp_path / "base.npz")
+    assert any(k.startswith("actor-train/") for k in xb.files)
+    for name in ("forced", "removal"):
+        m = out[name]
+        assert b["rewards"] == m["rewards"] and b["lengths"] == m["lengths"], name
+        for lb, lm in zip(b["losses"], m["losses"], strict=True):
+            for k in lb:
+                assert lm[k] == pytest.approx(lb[k], rel=1e-4, abs=1e-7), (name, k)
+        xm = np.load(tmp_path / f"{name}.npz")
+        assert set(xb.files) == set(xm.files)
+        diff2 = ref2 = 0.0
+        for k in xb.files:
+            d = xm[k].astype(np.float64) - xb[k]
+            assert np.abs(d).max() <= 3 * ADAM_LR, (name, k)  # Adam moves ≤ lr per step
+            diff2 += float((d * d).sum())
+            ref2 += float((xb[k].astype(np.float64) ** 2).sum())
+        assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
+    assert b["losses"][0] != b["losses"][2]  # training moved the models
+
+
+def test_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    cfg = _write(tmp_path, "bad.yaml", "{steps: 0}")
+    t0 = time.monotonic()
+    res = nereus("run", str(cfg), "--log", str(tmp_path / "x.h5"), timeout_s=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "runtime.steps" in lines[0], res.stderr
+    assert not (tmp_path / "x.h5").exists()
+    assert time.monotonic() - t0 < 60
+
+
+def test_unknown_runtime_key_and_bad_event(tmp_path: Path) -> None:
+    for runtime, field in (("{stepz: 3}", "runtime"),
+                           ("{events: [{at_step: 1, remove_node: 9}]}", "remove_node")):
+        res = nereus("run", str(_write(tmp_path, "b.yaml", runtime)), timeout_s=120)
+        assert res.returncode == 2, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and field in res.stderr
+
+
+def test_infeasible_plan_is_one_line_exit_3(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny-mem.yaml"
+    cfg.write_text(SMALL.replace("memory_per_gpu_gb: 0.5", "memory_per_gpu_gb: 0.001"))
+    res = nereus("run", str(cfg), timeout_s=120)
+    assert res.returncode == 3, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nereus: infeasible:"), res.stderr
+
+
+def test_rank_failing_at_start_ends_every_rank_with_one_error(tmp_path: Path) -> None:
+    cfg = _write(tmp_path, "fail.yaml", "{steps: 2, inject_failure: {rank: 2, at_step: -1}}")
+    t0 = time.monotonic()
+    res = nereus("run", str(cfg), "--log", str(tmp_path / "f.h5"), "--timeout-s", "240",
+                 timeout_s=300)
+    assert res.returncode != 0
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("nereus: error:")]
+    assert len(errors) == 1 and "rank 2" in errors[0] and "injected" in errors[0], res.stderr
+    assert time.monotonic() - t0 < 240
