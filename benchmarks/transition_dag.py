@@ -197,7 +197,7 @@ def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
                     redrawn += 1
             validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
             dur = durations_s(dag, cluster)
-            launch = {m: rng.uniform(0, LAUNCH_JITTER_S) for m in {u.model_stage for u in src}}
+            launch = {m: rng.uniform(0, LAUNCH_JITTER_S) for m in sorted({u.model_stage for u in src})}
             jitter = [rng.uniform(0, DISPATCH_JITTER_S) for _ in dag.primitives]
             # ours: the same launch offsets, as each primitive's earliest start
             gate = [launch[p.model_stage] for p in dag.primitives]
