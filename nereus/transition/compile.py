@@ -66,14 +66,19 @@ def check_collection(units: Sequence[Emu], what: str,
         if state.setdefault(u.model_stage, u.state) != u.state:
             raise TransitionError(f"{what}: {u.model_stage} holds two states")
     excl = conflicts if isinstance(conflicts, Exclusion) else exclusion_for(state, conflicts)
-    owners: dict[int, list[str]] = {}
+    gpus_of: dict[str, set[int]] = {m: set() for m in state}
     for u in units:
-        for g in u.gpus:
-            here = owners.setdefault(g, [])
-            for m in here:
-                if excl.exclusive(m, u.model_stage):
-                    raise TransitionError(f"{what}: GPU {g} held by {m} and {u.model_stage}")
-            here.append(u.model_stage)
+        mine = gpus_of[u.model_stage]
+        if not mine.isdisjoint(u.gpus):
+            g = min(mine.intersection(u.gpus))
+            raise TransitionError(f"{what}: GPU {g} held by {u.model_stage} and {u.model_stage}")
+        mine.update(u.gpus)
+    names = list(state)  # first-seen order: the message names the earlier holder first
+    for k, a in enumerate(names):
+        for b in names[k + 1:]:
+            if excl.exclusive(a, b) and not gpus_of[a].isdisjoint(gpus_of[b]):
+                g = min(gpus_of[a] & gpus_of[b])
+                raise TransitionError(f"{what}: GPU {g} held by {a} and {b}")
 
 
 def _key(u: Emu) -> tuple[str, tuple[int, ...], int, int]:
@@ -294,9 +299,15 @@ def _chain_gpus(
             if g in seqs:
                 seqs[g].append(i)
 
+    shard: dict[tuple[str, int, int], int] = {}
+
     def add(acc: dict[int, int], units: tuple[Emu, ...], sign: int) -> None:
         for u in units:
-            b = sign * shard_bytes(sizer(u.model_stage), u.layout)
+            key = (u.model_stage, u.layout.tp, u.layout.pp)
+            b = shard.get(key)
+            if b is None:
+                b = shard[key] = shard_bytes(sizer(u.model_stage), u.layout)
+            b *= sign
             for g in u.gpus:
                 if g in seqs:
                     acc[g] = acc.get(g, 0) + b
