@@ -4,7 +4,8 @@ The config (with its ``runtime:`` section) is checked and the initial plan searc
 any rank starts, so a bad config or an infeasible plan is one line and a non-zero exit. Then
 ``mpiexec`` (Open MPI from the ``mpi`` extra) starts the ranks of ``nereus.runtime.worker``; their
 output streams through. A rank failing mid-run ends the MPI job; its error is the one line
-printed here.
+printed here. Started as one task of a multi-task launch (``srun nereus run``), this process is
+itself a rank and runs the worker directly.
 """
 
 from __future__ import annotations
@@ -94,9 +95,25 @@ def _mpiexec_ok() -> None:
         raise LaunchError(f"{exe} is not Open MPI (nereus run launches with Open MPI's flags)")
 
 
+def _as_task(args: argparse.Namespace, world_size: int) -> int:
+    """``nereus run`` started as one task of a multi-task launch (``srun nereus run``, as in
+    slurm/cpu.sbatch): this process is a rank; run the worker here, no mpiexec."""
+    from nereus.runtime import worker
+
+    log = args.log or f"nereus-run-{os.environ.get('SLURM_JOB_ID', 'job')}.h5"
+    argv = ["--config", args.config, "--log", log, "--ranks", str(world_size)]
+    if args.steps is not None:
+        argv += ["--steps", str(args.steps)]
+    return worker.main(argv)
+
+
 def handler(args: argparse.Namespace) -> int:
+    from nereus.cluster.env import from_os_environ
     from nereus.runtime.worker import ERROR_MARK, EXIT_CONFIG, EXIT_INFEASIBLE
 
+    job_env = from_os_environ()
+    if job_env.world_size > 1:
+        return _as_task(args, job_env.world_size)
     rc, _, log = _check(args)
     _mpiexec_ok()
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:

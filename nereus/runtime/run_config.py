@@ -1,7 +1,8 @@
 """The ``runtime:`` section of a config: how ``nereus run`` executes the job (checked here).
 
 Keys (all optional): ``ranks`` (CPU ranks, each playing one GPU of the virtual cluster; default
-the cluster's GPU count), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
+the cluster's GPU count), ``memory_per_rank_gb`` (the virtual device capacity of each rank, for
+the planner and the runtime's accounting; default ``cluster.memory_per_gpu_gb``), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
 ``job.gen_len``), ``temperature``, ``lr``, ``kl_coef``, ``clip``, ``gae_lambda``, ``adapt``
 (run the controller; false keeps the initial plan), ``timeout_s`` (every collective and
 transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
@@ -25,7 +26,7 @@ from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
-        "inject_failure")
+        "inject_failure", "memory_per_rank_gb")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -65,6 +66,7 @@ class RunConfig:
     force_transitions: tuple[ForcedTransition, ...] = ()
     save_state: str = ""
     inject_failure: tuple[int, int] | None = None  # (global rank, step; -1 = at start)
+    memory_per_rank_gb: float = 0.0  # 0: the cluster's memory per GPU
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in KEYS}
@@ -140,15 +142,26 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                           f"{cl.gpus_per_node}")
     else:
         cluster = ClusterSpec(n // cl.gpus_per_node, cl.gpus_per_node, cl.gpu)
+    mem_gb = 0.0
+    if "memory_per_rank_gb" in raw:
+        mem_gb = f.positive_float("runtime.memory_per_rank_gb", raw["memory_per_rank_gb"])
+        cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)))
     setup = replace(setup, cluster=cluster)
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps))
     names = setup.job.workflow.names
-    events = tuple(_event(f"runtime.events[{i}]", e, n_steps, cluster.nodes)
-                   for i, e in enumerate(_list("runtime.events", raw.get("events", []))))
-    forced = tuple(_forced(f"runtime.force_transitions[{i}]", t, n_steps, names)
-                   for i, t in enumerate(_list("runtime.force_transitions",
-                                               raw.get("force_transitions", []))))
+    # Events are checked against the config's own steps and cluster; a run made shorter or
+    # smaller from the command line (--steps, --ranks) drops those that no longer happen in it.
+    own_steps = f.positive_int("runtime.steps", raw.get("steps", n_steps))
+    own_nodes = cluster.nodes if ranks is None else max(cluster.nodes, cl.nodes)
+    checked = tuple(_event(f"runtime.events[{i}]", e, max(own_steps, n_steps), own_nodes)
+                    for i, e in enumerate(_list("runtime.events", raw.get("events", []))))
+    events = tuple(e for e in checked if e.at_step < n_steps and e.node < cluster.nodes)
+    forced = tuple(t for t in (
+        _forced(f"runtime.force_transitions[{i}]", t, max(own_steps, n_steps), names)
+        for i, t in enumerate(_list("runtime.force_transitions",
+                                    raw.get("force_transitions", []))))
+        if t.at_step < n_steps - 1)
     max_new = f.positive_int("runtime.max_new_tokens",
                              raw.get("max_new_tokens", setup.job.gen_len_p95 or setup.job.gen_len))
     longest = setup.job.prompt_len + max_new
@@ -172,6 +185,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         events=events, force_transitions=forced,
         save_state=str(raw.get("save_state", "")),
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
+        memory_per_rank_gb=mem_gb,
     )
     return rc, setup
 

@@ -35,9 +35,7 @@ class RunRecorder:
 
         self.setup = setup
         self.rc = rc
-        import sys
-
-        self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        self.console = Console(highlight=False, width=200)
         meta = {"command": "nereus run", "ranks": rc.ranks, "steps": rc.steps,
                 "hardware": setup.cluster.gpu.name, "nodes": setup.cluster.nodes,
                 "gpus_per_node": setup.cluster.gpus_per_node, "algorithm": setup.job.algorithm}
