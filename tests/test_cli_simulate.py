@@ -61,3 +61,25 @@ def test_simulate_writes_a_run_log_that_report_reads(tmp_path: Path, capsys: pyt
     assert summary["replans"] >= 1 and summary["plan_timeline"]
     assert main([*BASE, "--gpu-trace", str(SPOT), "--steps", "2", "--log", str(log)]) == 2
     assert "never overwritten" in capsys.readouterr().err
+
+
+def test_calibration_is_saved_and_reloaded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "calib.json"
+    rc = main([*BASE, "--gpu-trace", str(SPOT), "--steps", "4", "--conservative-start",
+               "--save-calibration", str(saved), "--json"])
+    assert rc == 0 and saved.exists()
+    doc = json.loads(saved.read_text())
+    effs = doc["efficiencies"]["h200"]
+    assert doc["format"] == "nereus-calibration" and 0.3 < effs["gemm"] < 1.0  # learned from 0.3
+    capsys.readouterr()
+    assert main(["plan", str(ROOT / "examples" / "ppo-llama8b-h200.yaml"), "--calibration", str(saved), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["feasible"]
+    rc = main([*BASE, "--gpu-trace", str(SPOT), "--steps", "2", "--calibration", str(saved), "--json"])
+    assert rc == 0
+    capsys.readouterr()
+    bad = tmp_path / "bad.json"
+    for text in ("{", '{"format": "other"}', '{"format": "nereus-calibration", "version": 1, "efficiencies": {"h200": {"gemm": 2}}}'):
+        bad.write_text(text)
+        assert main(["plan", "--calibration", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "calibration" in err

@@ -133,9 +133,14 @@ def _handler(args: argparse.Namespace) -> int:
     from nereus.plan.explain import explain, infeasible_to_json, plan_result_to_json
     from nereus.plan.search import search_plan
 
+    calib = None
+    if args.calibration:
+        from nereus.log.calibration_store import load_calibration
+
+        calib = load_calibration(args.calibration)
     start_s = time.perf_counter()
     try:
-        result = search_plan(setup, calib=None, pool=plan_pool(args, setup), method=args.search)
+        result = search_plan(setup, calib=calib, pool=plan_pool(args, setup), method=args.search)
     except InfeasiblePlanError as exc:
         if not args.json:
             raise
@@ -180,5 +185,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
     add_job_flags(p)
     p.add_argument("--search", choices=SEARCH_METHODS, default="dp", help="plan search method")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="efficiencies learned by a run (nereus simulate --save-calibration)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_handler)

@@ -96,10 +96,19 @@ def _handler(args: argparse.Namespace) -> int:
     cfg = SimConfig(steps=args.steps, policy=args.policy, gamma=args.gamma, every_k=args.every_k, seed=args.seed)
     gpu = setup.cluster.gpu
     truth = HiddenTruth(hidden_calibration(default_calibration(), gpu, args.seed), args.noise, args.seed)
-    start = conservative_calibration(gpu.name) if args.conservative_start else default_calibration()
+    if args.calibration:
+        from nereus.log.calibration_store import load_calibration
+
+        start = load_calibration(args.calibration)
+    else:
+        start = conservative_calibration(gpu.name) if args.conservative_start else default_calibration()
     if args.log and os.path.exists(args.log):
         raise ConfigError("--log", args.log, "exists; a run log is never overwritten — pick a new file")
     result = simulate(setup, trace, lengths, cfg, truth, start, progress=_progress(not args.json))
+    if args.save_calibration:
+        from nereus.log.calibration_store import save_calibration
+
+        save_calibration(args.save_calibration, result.final_calibration)
     if args.log:
         from nereus.log.writer import RunLogWriter
 
@@ -143,6 +152,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--noise", type=float, default=0.02, help="relative noise of true step times")
     p.add_argument("--conservative-start", action="store_true", dest="conservative_start",
                    help="start calibration at 0.3 of peak for every op class")
+    p.add_argument("--calibration", help="start from a saved calibration (JSON)")
+    p.add_argument("--save-calibration", dest="save_calibration",
+                   help="write the calibration learned by the run (JSON)")
     p.add_argument("--log", help="write the run as an HDF5 run log (read it with nereus report)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_handler)
