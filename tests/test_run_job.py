@@ -148,3 +148,43 @@ def test_rank_failing_at_start_ends_every_rank_with_one_error(tmp_path: Path) ->
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("nereus: error:")]
     assert len(errors) == 1 and "rank 2" in errors[0] and "injected" in errors[0], res.stderr
     assert time.monotonic() - t0 < 240
+
+
+CRITIC_FREE = """
+job: {algorithm: ALGO, mode: sync, global_batch: 4, samples_per_prompt: N, minibatches: 2,
+      prompt_len: 8, gen_len: 12, reward_model: false}
+models: {actor: tiny-gpt, reference: tiny-gpt}
+cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("algo", "n"), [("grpo", 2), ("remax", 1)])
+def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
+        tmp_path: Path, algo: str, n: int) -> None:
+    """GRPO (group of 2) and ReMax (greedy baseline) on 2 ranks: actor-train and actor-gen
+    switch between tp=2 and dp=2 after step 0; same tolerances as the PPO test."""
+    out = {}
+    for name, runtime in (
+            ("base", "{steps: 2, adapt: false, save_state: %s}"),
+            ("forced", "{steps: 2, adapt: false, save_state: %s, force_transitions: [{at_step: 0, "
+                       "layouts: {actor-train: [TP, 1], actor-gen: [TP, 1]}}]}")):
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(CRITIC_FREE.replace("ALGO", algo).replace("N", str(n))
+                       + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        if name == "forced":  # the other layout than the baseline's initial one
+            tp = 1 if "1.2.1" in out["base"]["plans"][0].split()[-1] else 2
+            cfg.write_text(cfg.read_text().replace("TP", str(tp)))
+        res = nereus("run", str(cfg), "--log", str(tmp_path / f"{name}.h5"), "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[name] = json.loads(res.stdout.strip().splitlines()[-1])
+    b, m = out["base"], out["forced"]
+    assert m["transitions"] == 1 and m["plans"][0] != m["plans"][1], m["plans"]
+    assert b["rewards"] == m["rewards"] and b["lengths"] == m["lengths"]
+    for lb, lm in zip(b["losses"], m["losses"], strict=True):
+        assert set(lb) == {"actor-train"}
+        assert lm["actor-train"] == pytest.approx(lb["actor-train"], rel=1e-4, abs=1e-7)
+    xb, xm = np.load(tmp_path / "base.npz"), np.load(tmp_path / "forced.npz")
+    diff2 = sum(float(((xm[k].astype(np.float64) - xb[k]) ** 2).sum()) for k in xb.files)
+    ref2 = sum(float((xb[k].astype(np.float64) ** 2).sum()) for k in xb.files)
+    assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5

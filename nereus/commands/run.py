@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,9 +55,9 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     cfg = load_config(args.config)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps)
-    if setup.job.algorithm != "ppo" or setup.job.mode != "sync":
-        raise ConfigError("job.algorithm", f"{setup.job.algorithm}/{setup.job.mode}",
-                          "nereus run executes ppo in sync mode in this version")
+    if setup.job.mode != "sync":
+        raise ConfigError("job.mode", setup.job.mode,
+                          "nereus run executes sync mode in this version (async: not yet)")
     plan, d = RankZeroController(setup, adapt=True).initial()
     if plan is None:
         reason = d.admission.reason if d.admission else "no plan"
@@ -73,13 +74,26 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return rc, setup, log
 
 
-def mpiexec_command(ranks: int, worker_args: list[str]) -> tuple[str, ...]:
+def mpiexec_command(ranks: int, worker_args: list[str],
+                    hosts: tuple[str, ...] = ()) -> tuple[str, ...]:
     from launchers.commands import LaunchSpec, mpiexec_argv
 
+    local = all(_is_this_host(h) for h in hosts)
     spec = LaunchSpec(argv=(sys.executable, "-m", "nereus.runtime.worker", *worker_args),
-                      ntasks=ranks, cpu_bind="none",
+                      ntasks=ranks, cpu_bind="none", nodelist=() if local else tuple(hosts),
                       env=(("OMP_NUM_THREADS", "1"), ("PYTHONWARNINGS", "ignore")))
     return mpiexec_argv(spec, "openmpi")
+
+
+def _is_this_host(host: str) -> bool:
+    """True for this machine (or a name that resolves nowhere, e.g. an emulated Slurm node)."""
+    if host in (socket.gethostname(), "localhost"):
+        return True
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        return True
+    return addr.startswith("127.") or addr == socket.gethostbyname(socket.gethostname())
 
 
 def _mpiexec_ok() -> None:
@@ -112,8 +126,18 @@ def handler(args: argparse.Namespace) -> int:
     from nereus.runtime.worker import ERROR_MARK, EXIT_CONFIG, EXIT_INFEASIBLE
 
     job_env = from_os_environ()
-    if job_env.world_size > 1:
+    if job_env.world_size > 1 and job_env.launcher == "openmpi":
         return _as_task(args, job_env.world_size)
+    hosts: tuple[str, ...] = ()
+    if job_env.world_size > 1:
+        # ``srun nereus run`` (slurm/cpu.sbatch): the Open MPI wheel's mpi4py cannot join srun's
+        # PMI2 (each task would be a world of one), so task 0 starts the ranks with mpiexec on
+        # the step's nodes and the other tasks end at once.
+        if job_env.global_rank != 0:
+            return 0
+        if args.ranks is None:
+            args.ranks = job_env.world_size
+        hosts = job_env.step_nodes
     rc, _, log = _check(args)
     _mpiexec_ok()
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:
@@ -121,7 +145,7 @@ def handler(args: argparse.Namespace) -> int:
         worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
                        "--ranks", str(rc.ranks), "--steps", str(rc.steps),
                        "--summary-json", summary_path]
-        argv = mpiexec_command(rc.ranks, worker_args)
+        argv = mpiexec_command(rc.ranks, worker_args, hosts)
         env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
         stdout = sys.stderr if args.json else None
         proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,

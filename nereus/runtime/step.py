@@ -1,4 +1,4 @@
-"""One synchronous PPO step on this rank: generation → inference → training → weight sync.
+"""One synchronous RL step on this rank (PPO, GRPO, ReMax): gen → inf → train → weight sync.
 
 Every rank runs this for every step with the same arguments. A model-stage runs on the ranks of
 its units; each DP replica takes its contiguous slice of the step's sequences (global order,
@@ -19,7 +19,8 @@ import torch
 
 from nereus.engines.forward import logits_of, response_logp, response_values, sequence_scores
 from nereus.engines.generation import generate, sample_uniforms
-from nereus.rl.ppo import policy_loss_sum, ppo_batch, value_loss_sum
+from nereus.rl.grpo import kl_loss_sum, sequence_advantages
+from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
 from nereus.rl.sample_order import SampleOrder, replica_slice
 from nereus.rl.task import PAD, PatternTask, encode
 from nereus.runtime.memory import MemoryAccount, resident_bytes
@@ -81,17 +82,26 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         t0 = time.perf_counter()
         u = sample_uniforms(rc.seed, step, seq_ids[lo:hi], t_new)
         g = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature)
+        kv_bytes = g.kv_cache_bytes
+        greedy = None
+        if job.algorithm == "remax":  # the greedy baseline response of every sequence's prompt
+            gg = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature,
+                          greedy=True)
+            greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
         stage_s["actor-gen"] = time.perf_counter() - t0
-        account.observe("actor-gen", _resident(units), g.kv_cache_bytes)
+        account.observe("actor-gen", _resident(units), kv_bytes)
         if _first_of_replica(st):
-            contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy())
+            contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy(), greedy)
     parts = [c["gen"] for c in _exchange(comm, contrib) if "gen" in c]
     tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
+    greedy_tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
     logp = torch.zeros(n_seq, t_new, dtype=torch.float64)
     mask = torch.zeros(n_seq, t_new, dtype=torch.float64)
-    for lo, tk, lp, mk in parts:
+    for lo, tk, lp, mk, gr in parts:
         hi = lo + tk.shape[0]
         tokens[lo:hi], logp[lo:hi], mask[lo:hi] = (torch.from_numpy(a) for a in (tk, lp, mk))
+        if gr is not None:
+            greedy_tokens[lo:hi] = torch.from_numpy(gr)
 
     # -- inference ---------------------------------------------------------------------------
     contrib = {}
@@ -137,7 +147,19 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     resp = tokens[:, p_len:]
     scores = torch.tensor([inp.task.reward(prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
                           dtype=torch.float64)
-    batch = ppo_batch(scores, logp, ref_logp, values, mask, rc.kl_coef, rc.gae_lambda)
+    critic_free = job.algorithm != "ppo"
+    if critic_free:
+        greedy_scores = None
+        if job.algorithm == "remax":
+            g_resp = greedy_tokens[:, p_len:]
+            greedy_scores = torch.tensor([inp.task.reward(prompt_of[i], g_resp[i].tolist())
+                                          for i in range(n_seq)], dtype=torch.float64)
+        adv = sequence_advantages(job.algorithm, scores, job.samples_per_prompt, greedy_scores)
+        n_all = float(mask.sum().clamp_min(1.0))
+        batch = PpoBatch(adv.unsqueeze(1) * mask, torch.zeros_like(mask),
+                         float(((logp - ref_logp) * mask).sum()) / n_all)
+    else:
+        batch = ppo_batch(scores, logp, ref_logp, values, mask, rc.kl_coef, rc.gae_lambda)
 
     # -- training ----------------------------------------------------------------------------
     contrib = {}
@@ -163,8 +185,12 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
                 b = min(hi, a + mb)
                 lg = logits_of(st.model, tokens[a:b])
                 if name == "actor-train":
-                    loss = policy_loss_sum(response_logp(lg, tokens[a:b], p_len), logp[a:b],
-                                           batch.advantages[a:b], mask[a:b], rc.clip) / n_tok
+                    new_logp = response_logp(lg, tokens[a:b], p_len)
+                    loss = policy_loss_sum(new_logp, logp[a:b], batch.advantages[a:b],
+                                           mask[a:b], rc.clip)
+                    if critic_free:
+                        loss = loss + rc.kl_coef * kl_loss_sum(new_logp, ref_logp[a:b], mask[a:b])
+                    loss = loss / n_tok
                 else:
                     loss = value_loss_sum(response_values(lg, p_len), values[a:b],
                                           batch.returns[a:b], mask[a:b], rc.clip) / n_tok
