@@ -2,7 +2,8 @@
 
 Keys (all optional): ``ranks`` (CPU ranks, each playing one GPU of the virtual cluster; default
 the cluster's GPU count), ``memory_per_rank_gb`` (the virtual device capacity of each rank, for
-the planner and the runtime's accounting; default ``cluster.memory_per_gpu_gb``), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
+the planner and the runtime's accounting; default ``cluster.memory_per_gpu_gb``), ``reward``
+(``task``: the rule-based task reward, default; ``model``: the reward model's score), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
 ``job.gen_len``), ``temperature``, ``lr``, ``kl_coef``, ``clip``, ``gae_lambda``, ``adapt``
 (run the controller; false keeps the initial plan), ``timeout_s`` (every collective and
 transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
@@ -26,7 +27,7 @@ from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
-        "inject_failure", "memory_per_rank_gb")
+        "inject_failure", "memory_per_rank_gb", "reward")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -67,6 +68,7 @@ class RunConfig:
     save_state: str = ""
     inject_failure: tuple[int, int] | None = None  # (global rank, step; -1 = at start)
     memory_per_rank_gb: float = 0.0  # 0: the cluster's memory per GPU
+    reward: str = "task"  # task: the rule-based task reward; model: the reward model's score
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in KEYS}
@@ -186,6 +188,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         save_state=str(raw.get("save_state", "")),
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
         memory_per_rank_gb=mem_gb,
+        reward=_reward(raw.get("reward", "task"), setup.job.reward_model),
     )
     return rc, setup
 
@@ -208,3 +211,10 @@ def _failure(raw: Any, ranks: int, steps: int) -> tuple[int, int] | None:
     if isinstance(at, bool) or not isinstance(at, int) or not -1 <= at < steps:
         raise ConfigError(f.join(path, "at_step"), at, f"must be -1 (start) .. {steps - 1}")
     return rank, at
+
+
+def _reward(value: Any, reward_model: bool) -> str:
+    choice = f.choice("runtime.reward", value, ("task", "model"))
+    if choice == "model" and not reward_model:
+        raise ConfigError("runtime.reward", value, "needs job.reward_model: true")
+    return choice

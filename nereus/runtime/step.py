@@ -147,6 +147,8 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     resp = tokens[:, p_len:]
     scores = torch.tensor([inp.task.reward(prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
                           dtype=torch.float64)
+    if rc.reward == "model":
+        scores = rm_scores
     critic_free = job.algorithm != "ppo"
     if critic_free:
         greedy_scores = None
@@ -154,6 +156,8 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             g_resp = greedy_tokens[:, p_len:]
             greedy_scores = torch.tensor([inp.task.reward(prompt_of[i], g_resp[i].tolist())
                                           for i in range(n_seq)], dtype=torch.float64)
+            if rc.reward == "model":
+                greedy_scores = _greedy_model_scores(units, comm, greedy_tokens, mask, p_len)
         adv = sequence_advantages(job.algorithm, scores, job.samples_per_prompt, greedy_scores)
         n_all = float(mask.sum().clamp_min(1.0))
         batch = PpoBatch(adv.unsqueeze(1) * mask, torch.zeros_like(mask),
@@ -228,3 +232,33 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         "losses": losses,
         "sync_bytes": sync_bytes,
     }
+
+
+def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tensor,
+                         mask: torch.Tensor, p_len: int) -> torch.Tensor:
+    """Reward-model scores of the greedy responses (ReMax with ``runtime.reward: model``)."""
+    from nereus.rl.task import EOS
+
+    resp = greedy_tokens[:, p_len:]
+    g_mask = torch.ones_like(mask)
+    for i in range(resp.shape[0]):  # up to and including the first EOS
+        hits = (resp[i] == EOS).nonzero()
+        if len(hits):
+            g_mask[i, int(hits[0]) + 1:] = 0.0
+    su = units.stages["reward-inf"]
+    contrib: dict[str, Any] = {}
+    mine = su.my_replica()
+    n = greedy_tokens.shape[0]
+    if mine is not None:
+        dp_rank, st = mine
+        lo, hi = replica_slice(n, su.plan.dp, dp_rank)
+        with torch.no_grad():
+            lg = logits_of(st.model, greedy_tokens[lo:hi])
+        if _first_of_replica(st):
+            contrib["g"] = (lo, sequence_scores(lg, g_mask[lo:hi], p_len).numpy())
+    out = torch.zeros(n, dtype=torch.float64)
+    for c in _exchange(comm, contrib):
+        if "g" in c:
+            lo, arr = c["g"]
+            out[lo:lo + arr.shape[0]] = torch.from_numpy(arr)
+    return out
