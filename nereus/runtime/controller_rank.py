@@ -89,21 +89,31 @@ class CpuPort:
 class RankZeroController:
     """Holds the controller state and the pool; every decision is plain data."""
 
-    def __init__(self, setup: Setup, adapt: bool) -> None:
+    def __init__(self, setup: Setup, adapt: bool, static: bool = False) -> None:
+        """``static``: the fixed-plan baseline (verl/OpenRLHF style) — the initial TP/PP of
+        every model-stage is kept and only urgent changes (lost GPUs, memory) re-fit DP on it
+        (γ = 0); if the fixed layouts fit nowhere, any layout is taken."""
         self.setup = setup
+        if static:
+            job = replace(setup.job, controller=replace(setup.job.controller, gamma=0.0))
+            self.setup = replace(setup, job=job)
         self.adapt = adapt
+        self.static = static
+        self.layouts: dict[str, tuple[int, int]] | None = None
         self.calib = default_calibration()
         self.state = ControllerState()
         self.pool: tuple[int, ...] = setup.cluster.all_gpus()
 
     def port(self) -> CpuPort:
-        return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool))
+        return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts))
 
     def initial(self) -> tuple[ExecutionPlan | None, Decision]:
         job = self.setup.job
         obs = Observation(0, float(job.gen_len), float(job.gen_len_p95 or job.gen_len),
                           self.pool)
         self.state, d = controller_step(self.state, obs, job.controller, self.port())
+        if self.static and self.state.plan is not None:
+            self.layouts = {sp.name: (sp.tp, sp.pp) for sp in self.state.plan.stages}
         return self.state.plan, d
 
     def set_pool(self, pool: Sequence[int]) -> None:
@@ -113,7 +123,12 @@ class RankZeroController:
         """A controller pass at the step boundary (None when adaptation is off)."""
         if not self.adapt:
             return None
+        before = self.state
         self.state, d = controller_step(self.state, obs, self.setup.job.controller, self.port())
+        if self.static and d.urgent and not (d.admission and d.admission.admitted):
+            saved, self.layouts = self.layouts, None  # the fixed layouts fit nowhere any more
+            self.state, d = controller_step(before, obs, self.setup.job.controller, self.port())
+            self.layouts = saved
         return d
 
     def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, int]]

@@ -3,7 +3,9 @@
 Keys (all optional): ``ranks`` (CPU ranks, each playing one GPU of the virtual cluster; default
 the cluster's GPU count), ``memory_per_rank_gb`` (the virtual device capacity of each rank, for
 the planner and the runtime's accounting; default ``cluster.memory_per_gpu_gb``), ``reward``
-(``task``: the rule-based task reward, default; ``model``: the reward model's score), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
+(``task``: the rule-based task reward, default; ``model``: the reward model's score),
+``policy`` (``adaptive``: the controller, default; ``static``: what a fixed-plan framework runs —
+the initial TP/PP of every model-stage kept, DP re-fit only when the plan no longer fits), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
 ``job.gen_len``), ``temperature``, ``lr``, ``kl_coef``, ``clip``, ``gae_lambda``, ``adapt``
 (run the controller; false keeps the initial plan), ``timeout_s`` (every collective and
 transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
@@ -27,7 +29,7 @@ from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
-        "inject_failure", "memory_per_rank_gb", "reward")
+        "inject_failure", "memory_per_rank_gb", "reward", "policy")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -69,6 +71,7 @@ class RunConfig:
     inject_failure: tuple[int, int] | None = None  # (global rank, step; -1 = at start)
     memory_per_rank_gb: float = 0.0  # 0: the cluster's memory per GPU
     reward: str = "task"  # task: the rule-based task reward; model: the reward model's score
+    policy: str = "adaptive"  # adaptive: the controller; static: initial TP/PP, DP re-fit only
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in KEYS}
@@ -189,6 +192,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
         memory_per_rank_gb=mem_gb,
         reward=_reward(raw.get("reward", "task"), setup.job.reward_model),
+        policy=f.choice("runtime.policy", raw.get("policy", "adaptive"), ("adaptive", "static")),
     )
     return rc, setup
 

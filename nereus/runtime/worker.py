@@ -121,7 +121,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
             raise RuntimeError(f"injected failure (runtime.inject_failure) at step {at_step}")
 
     maybe_fail(-1)
-    ctl = RankZeroController(setup, rc.adapt) if plane.is_root else None
+    ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static")
+           if plane.is_root else None)
     recorder: RunRecorder | None = None
 
     def first_plan() -> Any:
