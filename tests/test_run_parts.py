@@ -131,3 +131,14 @@ def test_kv_cache_generation_matches_a_full_forward() -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     diff = float(res.stdout.split("DIFF")[1])
     assert diff < 1e-5  # decode with the cache vs one full forward: same log-probs (fp32)
+
+
+def test_missing_mpiexec_is_one_line_and_no_log(tmp_path: Path) -> None:
+    log = tmp_path / "x.h5"
+    res = subprocess.run([sys.executable, "-m", "nereus", "run", EXAMPLE, "--ranks", "4",
+                          "--log", str(log)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env={"PATH": str(tmp_path), "HOME": str(tmp_path)})
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "mpiexec not found" in lines[0], res.stderr
+    assert not log.exists()
