@@ -147,6 +147,10 @@ def handler(args: argparse.Namespace) -> int:
                        "--summary-json", summary_path]
         argv = mpiexec_command(rc.ranks, worker_args, hosts)
         env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+        if hosts and all(_is_this_host(h) for h in hosts):
+            # Inside a Slurm step on this host: without the SLURM_* variables mpiexec starts
+            # the ranks itself instead of asking srun for daemons (which the step blocks).
+            env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
         stdout = sys.stderr if args.json else None
         proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)
