@@ -326,9 +326,14 @@ def test_cpu_template_runs_nereus_run(slurm_cluster: LocalSlurm, tmp_path: Path)
 
     if "nereus.commands.run" not in COMMAND_MODULES:
         pytest.skip("`nereus run` is not written yet (nereus.commands.run not registered)")
+    log = tmp_path / "run.h5"
     res = slurm_cluster.run(
         "sbatch", "--parsable", f"--output={tmp_path}/out.txt", "--time=00:05:00",
-        str(REPO / "slurm" / "cpu.sbatch"), str(REPO / "examples" / "ppo-tiny-cpu.yaml"))
+        str(REPO / "slurm" / "cpu.sbatch"), str(REPO / "examples" / "ppo-tiny-cpu.yaml"),
+        "--steps", "4", "--log", str(log))
     job_id = res.stdout.strip().split(";")[0]
     info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED"), timeout_s=150)
     assert info.state == "COMPLETED", (tmp_path / "out.txt").read_text()[-3000:]
+    from nereus.log.reader import read_run_log
+
+    assert len(read_run_log(log).steps["step"]) == 4
