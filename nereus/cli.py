@@ -26,7 +26,7 @@ COMMAND_MODULES = (
 
 
 class UsageError(NereusError):
-    pass
+    """A command-line usage error (unknown flag, missing argument): one line, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):

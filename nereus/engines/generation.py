@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from nereus.rl.task import EOS, PAD
 from nereus.runtime.train import _GatherLastDim
@@ -28,23 +27,6 @@ from nereus.runtime.train import _GatherLastDim
 
 def _cpu_allocate_memory(self: Any, n: int, b: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(n, b, self.num_query_groups_per_partition, dim, dtype=dtype)
-
-
-def _kv_core_forward(self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
-                     attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
-    heads, groups = query.shape[2], key.shape[2]
-    if heads != groups:
-        key = key.repeat_interleave(heads // groups, dim=2)
-        value = value.repeat_interleave(heads // groups, dim=2)
-    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
-    sq, sk = q.shape[2], k.shape[2]
-    if sq == sk:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
-    else:  # decode: the new queries sit at the end of the key sequence
-        mask = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale)
-    return out.permute(2, 0, 1, 3).reshape(sq, query.shape[1], heads * query.shape[3])
 
 
 def _gathering_output_forward(orig: Any, tp_group: dist.ProcessGroup) -> Any:
@@ -69,8 +51,7 @@ def enable_kv_cache(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> None
     for layer in model.decoder.layers:  # type: ignore[union-attr]
         attn = layer.self_attention
         attn._allocate_memory = types.MethodType(_cpu_allocate_memory, attn)
-        core = attn.core_attention
-        core.forward = types.MethodType(_kv_core_forward, core)
+        # The core attention (SdpaAttention) already handles decode queries against the cache.
 
 
 @dataclass(frozen=True)

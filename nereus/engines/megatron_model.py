@@ -58,9 +58,13 @@ class SdpaAttention(MegatronModule):
             key = key.repeat_interleave(heads // groups, dim=2)
             value = value.repeat_interleave(heads // groups, dim=2)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
-        sq, b = query.shape[0], query.shape[1]
-        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * query.shape[3])
+        sq, sk = q.shape[2], k.shape[2]
+        if sq == sk:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        else:  # KV-cache decode: the new queries sit at the end of the key sequence
+            mask = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(sq, query.shape[1], heads * query.shape[3])
 
 
 @dataclass(frozen=True)
