@@ -176,6 +176,8 @@ def handler(args: argparse.Namespace) -> int:
         if rc_code in (EXIT_CONFIG, EXIT_INFEASIBLE):
             return rc_code  # the worker printed the agreed one-line error
         if rc_code != 0:
+            if not rank_error:  # the marker line may be lost when MPI_Abort ends the job
+                rank_error = _rank_error_file(tmp)
             detail = rank_error or f"mpiexec exited with status {rc_code}"
             raise LaunchError(f"rank failure: {detail}")
         if args.json:
@@ -184,6 +186,18 @@ def handler(args: argparse.Namespace) -> int:
         else:
             print(f"log: {log}  (read it with: nereus report {log})")
     return 0
+
+
+def _rank_error_file(tmp: str) -> str:
+    """The first rank error a worker left beside the summary (lowest rank first)."""
+    names = sorted((n for n in os.listdir(tmp) if n.startswith("rank-error-")),
+                   key=lambda n: int(n[len("rank-error-"):-len(".txt")]))
+    for name in names:
+        with open(os.path.join(tmp, name), encoding="utf-8") as fh:
+            text = fh.read().strip()
+        if text:
+            return text
+    return ""
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

@@ -16,7 +16,9 @@ so no rank waits forever (every gloo collective also has a timeout).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -76,8 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG if kind in ("ConfigError", "InfeasiblePlanError") else EXIT_RANK
     except Exception as e:  # mid-run failure on this rank: tell, then end every rank
         first = str(e).splitlines()[0] if str(e) else ""
-        print(f"{ERROR_MARK} rank {plane.global_rank}: {type(e).__name__}: {first}",
-              file=sys.stderr, flush=True)
+        detail = f"rank {plane.global_rank}: {type(e).__name__}: {first}"
+        print(f"{ERROR_MARK} {detail}", file=sys.stderr, flush=True)
+        if args.summary_json:  # also beside the summary: MPI_Abort can cut the stderr forwarding
+            err_path = os.path.join(os.path.dirname(args.summary_json),
+                                    f"rank-error-{plane.global_rank}.txt")
+            with contextlib.suppress(OSError), open(err_path, "w", encoding="utf-8") as fh:
+                fh.write(detail + "\n")
+        time.sleep(0.5)  # let mpiexec forward the line before the abort tears the job down
         comm.Abort(EXIT_RANK)
         return EXIT_RANK
 
