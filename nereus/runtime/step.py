@@ -11,6 +11,7 @@ independent of the plan. pp=1 units only (the CPU runtime has no pipeline schedu
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,16 @@ def _first_of_replica(st: Any) -> bool:
     return bool(st.position == (0, 0))
 
 
+
+def _my_replicas(units: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any, int, Any]]:
+    """(name, stage units, dp rank, unit state) of each model-stage in ``names`` that this rank
+    holds a replica of, in order."""
+    for name in names:
+        su = units.stages.get(name)
+        mine = None if su is None else su.my_replica()
+        if mine is not None:
+            yield name, su, mine[0], mine[1]
+
 def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
              account: MemoryAccount) -> dict[str, Any]:
     """Run step ``step``; returns this rank's measurements (plain data)."""
@@ -105,14 +116,7 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
 
     # -- inference ---------------------------------------------------------------------------
     contrib = {}
-    for name in ("ref-inf", "reward-inf", "critic-inf"):
-        if name not in units.stages:
-            continue
-        su = units.stages[name]
-        mine = su.my_replica()
-        if mine is None:
-            continue
-        dp_rank, st = mine
+    for name, su, dp_rank, st in _my_replicas(units, ("ref-inf", "reward-inf", "critic-inf")):
         lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
         t0 = time.perf_counter()
         st.model.eval()
@@ -168,14 +172,7 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     # -- training ----------------------------------------------------------------------------
     contrib = {}
     per_mb = n_seq // job.minibatches
-    for name in ("actor-train", "critic-train"):
-        if name not in units.stages:
-            continue
-        su = units.stages[name]
-        mine = su.my_replica()
-        if mine is None:
-            continue
-        dp_rank, st = mine
+    for name, su, dp_rank, st in _my_replicas(units, ("actor-train", "critic-train")):
         t0 = time.perf_counter()
         loss_total = 0.0
         for m in range(job.minibatches):

@@ -30,6 +30,7 @@ from nereus.errors import ConfigError
 from nereus.plan.candidates import CostCache
 from nereus.sim.traces import GpuTrace, LengthTrace
 from nereus.sim.truth import HiddenTruth
+from nereus.spec.hardware import OpClass
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.primitives import ADAM_FP32_BYTES_PER_PARAM
@@ -230,7 +231,8 @@ def simulate(
         while True:
             pool = clock.pool()
             lp = lengths.at(step)
-            effs = tuple(sorted((op.value, calib.efficiency(gpu, op)) for op, _, _ in truth.op_samples(gpu, step)))
+            # The achieved-efficiency signals: the calibrated efficiency of every op class.
+            effs = tuple(sorted((op.value, calib.efficiency(gpu, op)) for op in OpClass))
             obs = Observation(step, lp.mean, lp.p95, pool, efficiencies=effs)
             port = SearchPort(setup, calib, pool=pool, cache=cache)
             triggers: tuple[str, ...] = ()
