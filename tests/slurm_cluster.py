@@ -131,8 +131,18 @@ class LocalSlurm:
 
     def run(self, *argv: str, timeout_s: float = 20.0, check: bool = True
             ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
-                              timeout=timeout_s, check=check)
+        # A Slurm client now and then dies of SIGPIPE when slurmctld drops its connection under
+        # load; queries are retried (a submission is not: it might have been accepted).
+        attempts = 1 if argv[0] == "sbatch" else 4
+        for attempt in range(attempts):
+            res = subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
+                                 timeout=timeout_s, check=False)
+            if res.returncode != -signal.SIGPIPE or attempt == attempts - 1:
+                break
+            time.sleep(0.5)
+        if check:
+            res.check_returncode()
+        return res
 
     def log_tail(self, lines: int = 15) -> str:
         out = []
