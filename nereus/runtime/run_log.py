@@ -135,16 +135,24 @@ class RunRecorder:
                                                      1.0)
 
     def transition(self, step: int, target: dict[str, Any], plan: ExecutionPlan,
-                   measured_s: float, moved_bytes: int, lost: list[str]) -> None:
+                   measured_s: float, moved_bytes: int, lost: list[str],
+                   executor: str = "gather-reload", primitives: list[Any] | None = None,
+                   dag_detail: dict[str, Any] | None = None) -> None:
+        """``executor``: "dag" (the transition DAG's primitives ran on the ranks) or
+        "gather-reload" (the in-process fallback; ``dag_detail["reason"]`` says why)."""
         self.transitions += 1
         self.transition_s += measured_s
-        self.log.log_transition(step, {"kind": target["kind"], "executor": "gather-reload"},
-                                [], moved_bytes, float(target.get("predicted_s", 0.0)),
-                                measured_s, plan=plan.to_dict())
+        self.log.log_transition(step, {"kind": target["kind"], "executor": executor,
+                                       **(dag_detail or {})},
+                                primitives or [], moved_bytes,
+                                float(target.get("predicted_s", 0.0)), measured_s,
+                                plan=plan.to_dict())
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
+        how = (f"DAG {len(primitives or [])} primitives" if executor == "dag"
+               else "gather+reload")
         self.console.print(f"  transition after step {step + 1} ({target['kind']}, "
-                           f"gather+reload {measured_s:.2f} s): {plan_label(plan)}")
+                           f"{how} {measured_s:.2f} s): {plan_label(plan)}")
         self.log.flush()
 
     def finish(self) -> dict[str, Any]:
