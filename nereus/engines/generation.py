@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nereus.engines.vocab import GatherLastDim
 from nereus.rl.task import EOS, PAD
-from nereus.runtime.train import _GatherLastDim
 
 
 def _cpu_allocate_memory(self: Any, n: int, b: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
@@ -36,7 +36,7 @@ def _gathering_output_forward(orig: Any, tp_group: dist.ProcessGroup) -> Any:
     def forward(*args: Any, **kwargs: Any) -> Any:
         kwargs["runtime_gather_output"] = False
         local, bias = orig(*args, **kwargs)
-        return _GatherLastDim.apply(local, tp_group), bias
+        return GatherLastDim.apply(local, tp_group), bias
 
     return forward
 
@@ -46,8 +46,9 @@ def enable_kv_cache(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> None
     if getattr(model, "_nereus_kv_ready", False):
         return
     model._nereus_kv_ready = True  # type: ignore[assignment]
-    out_layer: Any = model.output_layer
-    out_layer.forward = _gathering_output_forward(out_layer.forward, tp_group)
+    out_layer: Any = getattr(model, "output_layer", None)  # absent on non-last pp stages
+    if out_layer is not None:
+        out_layer.forward = _gathering_output_forward(out_layer.forward, tp_group)
     for layer in model.decoder.layers:  # type: ignore[union-attr]
         attn = layer.self_attention
         attn._allocate_memory = types.MethodType(_cpu_allocate_memory, attn)

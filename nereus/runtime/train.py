@@ -1,54 +1,73 @@
-"""One optimizer step of a unit held in a single pipeline stage (effectful).
+"""Forward passes and optimizer steps of one rank's part of a unit, any tp×pp (effectful).
 
-CPU ranks run pp=1 units here; Megatron's pipeline schedules allocate on CUDA, and a CPU
-microbatch schedule between stage models is not part of this module. The vocab-sharded logits
-are gathered over the unit's explicit tp group (Megatron's own gather allocates on CUDA).
+The one entry point the RL step uses for inference and training on a unit: pp=1 and pp>1 go
+through the same CPU schedule (:mod:`nereus.engines.pipeline`, 1F1B; at pp=1 it is forward then
+backward per microbatch). Logits and losses exist on the unit's last pipeline stage only; the
+vocab-sharded logits are gathered over the unit's explicit tp group.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from nereus.errors import TransitionError
+from nereus.engines.pipeline import LossFn, StageLink, forward_backward, forward_logits, stage_link
+from nereus.engines.vocab import GatherLastDim
 from nereus.runtime.state import UnitState
 
-
-class _GatherLastDim(torch.autograd.Function):
-    """All-gather along the last axis; backward keeps this rank's slice (the loss is replicated
-    on every tp rank, as in Megatron's gather-from-model-parallel-region)."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        size = dist.get_world_size(group)
-        ctx.rank, ctx.width = dist.get_rank(group), local.shape[-1]
-        if size == 1:
-            return local
-        parts = [torch.empty_like(local) for _ in range(size)]
-        dist.all_gather(parts, local.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        lo = ctx.rank * ctx.width
-        return grad[..., lo:lo + ctx.width].contiguous(), None
+_GatherLastDim = GatherLastDim  # the name older callers import
 
 
-def train_step(state: UnitState, tokens: torch.Tensor, labels: torch.Tensor) -> float:
-    """Forward, next-token cross entropy (mean over tokens), backward, Adam step; returns loss."""
-    if state.emu.layout.pp != 1:
-        raise TransitionError(f"train_step runs pp=1 units only, got {state.emu.layout}")
-    model, opt = state.model, state.optimizer
+def link_of(state: UnitState) -> StageLink:
+    return stage_link(state.emu, state.global_rank, state.groups.pp, state.spec.hidden_size)
+
+
+def is_reporter(state: UnitState) -> bool:
+    """Whether this rank reports its replica's results: the last pp stage's tp rank 0 (where
+    the logits and losses are)."""
+    pp_rank, tp_rank = state.position
+    return pp_rank == state.emu.layout.pp - 1 and tp_rank == 0
+
+
+def unit_logits(state: UnitState, tokens: torch.Tensor) -> torch.Tensor | None:
+    """Full-vocabulary logits [b, s, vocab] of ``tokens`` (eval mode, no grad) on the last pp
+    stage, None on the other stages; every rank of the unit calls it with the same tokens."""
+    state.model.eval()
+    try:
+        return forward_logits(state.model, link_of(state), state.groups.tp, tokens)
+    finally:
+        state.model.train()
+
+
+def unit_forward_backward(state: UnitState, microbatches: Sequence[torch.Tensor],
+                          loss_fn: LossFn) -> float:
+    """Accumulate the gradients of ``loss_fn`` over ``microbatches``; returns the summed loss
+    on the last pp stage (0.0 elsewhere)."""
+    return forward_backward(state.model, link_of(state), state.groups.tp, microbatches, loss_fn)
+
+
+def train_step(state: UnitState, tokens: torch.Tensor, labels: torch.Tensor,
+               micro_batch: int | None = None) -> float:
+    """Next-token cross entropy (mean over all tokens of the batch), backward through the
+    pipeline in microbatches of ``micro_batch`` rows (default: one), Adam step. Returns the loss
+    on the last pp stage, 0.0 on the others."""
+    opt = state.optimizer
     opt.zero_grad(set_to_none=True)
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    local_logits = model(tokens, positions, None)  # [b, s, vocab / tp]
-    logits = _GatherLastDim.apply(local_logits, state.groups.tp)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
-    loss.backward()
+    rows = tokens.shape[0]
+    mb = micro_batch or rows
+    starts = list(range(0, rows, mb))
+    n_tok = float(labels.numel())
+
+    def loss_of(i: int, logits: torch.Tensor) -> torch.Tensor:
+        a = starts[i]
+        lab = labels[a:a + mb]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), lab.reshape(-1),
+                               reduction="sum") / n_tok
+
+    loss = unit_forward_backward(state, [tokens[a:a + mb] for a in starts], loss_of)
     opt.step()
     state.counters.updates += 1
     state.counters.position += 1
-    return float(loss.detach())
+    return loss
