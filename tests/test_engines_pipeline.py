@@ -1,8 +1,9 @@
 """Pipeline-parallel training and inference of Megatron GPTModel stages over gloo (4 ranks).
 
 From one global logical state, units at tp×pp = 1×1, 1×2, 2×2 and 1×4 each run an inference
-forward and one Adam step through the CPU 1F1B schedule (``nereus.engines.pipeline``); the
-logits, the loss and the parameters after the step are compared with the 1×1 unit's.
+forward, KV-cache generation (not 1×2) and one Adam step in 4 microbatches through the CPU 1F1B
+schedule (``nereus.engines.pipeline``); logits, sampled tokens, loss and the parameters after the
+step are compared with the 1×1 unit's.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def _run_unit(rank: int, emu: Emu, seed: int, kv_ready: bool) -> Any:
     """Build ``emu`` (collective), then on its ranks: logits, one step in 4 microbatches."""
     import torch
 
-    from nereus.engines.generation import enable_kv_cache
+    from nereus.engines.generation import enable_kv_cache, generate, sample_uniforms
     from nereus.runtime.groups import unit_groups
     from nereus.runtime.state import load_global, new_unit_state
-    from nereus.runtime.train import is_reporter, train_step, unit_logits
+    from nereus.runtime.train import is_reporter, link_of, train_step, unit_logits
 
     groups = unit_groups(emu, rank, 30.0)
     if groups is None:
@@ -63,18 +64,24 @@ def _run_unit(rank: int, emu: Emu, seed: int, kv_ready: bool) -> Any:
     tokens, labels = _batch(seed)
     logits = unit_logits(st, tokens)
     assert (logits is None) == (st.position[0] != emu.layout.pp - 1)
+    gen = None
+    if kv_ready:  # KV-cache generation through the pipeline (same result on every stage)
+        prompts = tokens[:3, :4]
+        g = generate(st.model, groups.tp, prompts, sample_uniforms(seed, 0, np.arange(3), 10),
+                     10, link=link_of(st))
+        gen = (g.tokens.numpy(), g.logp.numpy(), g.mask.numpy())
     loss = train_step(st, tokens, labels, micro_batch=2)
     grads_seen = all(p.grad is not None for p in st.model.parameters())
     torch.distributed.barrier(groups.pp)
     return {"position": st.position, "snap": st.snapshot(), "loss": loss,
-            "reporter": is_reporter(st), "grads": grads_seen,
+            "reporter": is_reporter(st), "grads": grads_seen, "gen": gen,
             "logits": None if logits is None else logits.numpy()}
 
 
 def _all_layouts(rank: int, world: int, store: Any, seed: int) -> list[Any]:
-    out = [_run_unit(rank, Emu("actor-train", "ref", Layout(1, 1), (0,)), seed, False)]
-    for i, (layout, gpus) in enumerate(PHASES):
-        out.append(_run_unit(rank, Emu("actor-train", f"u{i}", layout, gpus), seed, i == 1))
+    out = [_run_unit(rank, Emu("actor-train", "ref", Layout(1, 1), (0,)), seed, True)]
+    for i, (layout, gpus) in enumerate(PHASES):  # 1×2 gathers the vocab outside the model
+        out.append(_run_unit(rank, Emu("actor-train", f"u{i}", layout, gpus), seed, i > 0))
     return out
 
 
@@ -115,6 +122,11 @@ def test_pipeline_step_matches_the_single_stage_model(pool: Any) -> None:
         assert len(reporters) == 1 and reporters[0]["position"] == (layout.pp - 1, 0)
         last = [p for p in parts if p["position"][0] == layout.pp - 1]
         got = assemble(layout, parts)
+        gens = [p["gen"] for p in parts if p["gen"] is not None]
+        assert len(gens) == (0 if phase == 1 else len(parts))
+        for gen in gens:  # every stage returns the tokens the last stage picked
+            assert np.array_equal(gen[0], ref["gen"][0]) and np.array_equal(gen[2], ref["gen"][2])
+            assert np.allclose(gen[1], ref["gen"][1], rtol=0, atol=0 if layout.tp == 1 else 1e-5)
         if layout.tp == 1:
             # pp only moves whole layers between processes: the same fp32 kernels on the same
             # shapes, activations and gradients sent bit-exactly, gradients accumulated in the

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nereus.engines.pipeline import StageLink, forward_cached, from_last
 from nereus.engines.vocab import GatherLastDim
 from nereus.rl.task import EOS, PAD
 
@@ -86,35 +87,63 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> tuple[to
     return tok, logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
+def _choose(logits: torch.Tensor | None, u: torch.Tensor, temperature: float, greedy: bool,
+            link: StageLink | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, log-prob) per row, picked on the last pipeline stage and broadcast to the others."""
+    picked = None
+    if logits is not None:
+        if greedy:
+            tok = logits.argmax(dim=-1)
+            lp = torch.log_softmax(logits.double() / temperature, -1).gather(
+                -1, tok.unsqueeze(-1)).squeeze(-1)
+        else:
+            tok, lp = _pick(logits, u, temperature)
+        picked = torch.stack([tok.double(), lp], dim=1)
+    if link is not None:
+        picked = from_last(link, picked, torch.empty(u.shape[0], 2, dtype=torch.float64))
+    if picked is None:
+        raise ValueError("no logits on a single-stage unit")
+    return picked[:, 0].long(), picked[:, 1]
+
+
 def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch.Tensor,
              uniforms: torch.Tensor, max_new: int, temperature: float = 1.0,
-             greedy: bool = False) -> Generated:
+             greedy: bool = False, link: StageLink | None = None) -> Generated:
     """Sample up to ``max_new`` tokens after ``prompts`` [b, P] with a KV cache.
 
-    Every tp rank of the unit calls this with the same inputs (Megatron gathers the vocab-parallel
-    logits over the unit's tp group, ``tp_group`` is that group). Stops early when every sequence has emitted EOS."""
+    Every rank of the unit calls this with the same inputs (Megatron gathers the vocab-parallel
+    logits over the unit's tp group, ``tp_group`` is that group). With ``link`` (pp > 1) every
+    prefill and decode step runs through the pipeline stages (each caches its own layers), the
+    last stage picks the tokens and broadcasts them over the pp group, so every stage returns
+    the same result. Stops early when every sequence has emitted EOS."""
     from megatron.core.inference.contexts import StaticInferenceContext
 
+    if link is not None and link.pp == 1:
+        link = None
     b, p_len = prompts.shape
     ctx = StaticInferenceContext(max(b, 1), p_len + max_new)
     out = torch.full((b, max_new), PAD, dtype=torch.long)
     logp = torch.zeros(b, max_new, dtype=torch.float64)
     mask = torch.zeros(b, max_new, dtype=torch.float64)
     done = torch.zeros(b, dtype=torch.bool)
+
+    def last_logits(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        if link is None:
+            local: torch.Tensor = model(tokens, positions, None, inference_context=ctx,
+                                        runtime_gather_output=True)
+        else:
+            got = forward_cached(model, link, tokens, positions, ctx)
+            if got is None:
+                return None
+            local = got
+        return local[:, -1, :]  # gathered over tp by Megatron
+
     model.eval()
     with torch.no_grad():
-        positions = torch.arange(p_len).expand(b, p_len)
-        local = model(prompts, positions, None, inference_context=ctx,
-                      runtime_gather_output=True)
+        logits = last_logits(prompts, torch.arange(p_len).expand(b, p_len))
         ctx.sequence_len_offset += p_len
         for t in range(max_new):
-            logits = local[:, -1, :]  # gathered over tp by Megatron
-            if greedy:
-                tok = logits.argmax(dim=-1)
-                lp = torch.log_softmax(logits.double() / temperature, -1).gather(
-                    -1, tok.unsqueeze(-1)).squeeze(-1)
-            else:
-                tok, lp = _pick(logits, uniforms[:, t], temperature)
+            tok, lp = _choose(logits, uniforms[:, t], temperature, greedy, link)
             live = ~done
             out[:, t] = torch.where(live, tok, torch.full_like(tok, PAD))
             logp[:, t] = torch.where(live, lp, torch.zeros_like(lp))
@@ -123,8 +152,7 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
             if bool(done.all()) or t == max_new - 1:
                 break
             pos = torch.full((b, 1), p_len + t, dtype=torch.long)
-            local = model(out[:, t:t + 1], pos, None, inference_context=ctx,
-                          runtime_gather_output=True)
+            logits = last_logits(out[:, t:t + 1], pos)
             ctx.sequence_len_offset += 1
     kv_bytes = 0
     for mem in ctx.key_value_memory_dict.values():

@@ -34,12 +34,14 @@ LossFn = Callable[[int, torch.Tensor], torch.Tensor]  # (microbatch index, logit
 @dataclass(frozen=True)
 class StageLink:
     """One rank's place in its unit's pipeline: ``pp_rank`` of ``pp``, the global ranks of the
-    previous and next stage at its tp position (None at the ends), and the unit's pp group."""
+    previous, next and last stage at its tp position (None past the ends), the unit's pp group
+    and the model's hidden size (the activation width)."""
 
     pp_rank: int
     pp: int
     prev_rank: int | None
     next_rank: int | None
+    last_rank: int
     group: Any  # dist.ProcessGroup (the pp group of this rank's tp position)
     hidden_size: int
 
@@ -58,7 +60,8 @@ def stage_link(emu: Emu, global_rank: int, pp_group: Any, hidden_size: int) -> S
     pp = emu.layout.pp
     prev_rank = emu.gpu_at(pp_rank - 1, tp_rank) if pp_rank > 0 else None
     next_rank = emu.gpu_at(pp_rank + 1, tp_rank) if pp_rank < pp - 1 else None
-    return StageLink(pp_rank, pp, prev_rank, next_rank, pp_group, hidden_size)
+    return StageLink(pp_rank, pp, prev_rank, next_rank, emu.gpu_at(pp - 1, tp_rank), pp_group,
+                     hidden_size)
 
 
 def _positions(tokens: torch.Tensor) -> torch.Tensor:
@@ -96,6 +99,35 @@ def forward_logits(model: torch.nn.Module, link: StageLink, tp_group: Any,
             dist.send(out.contiguous(), dst=link.next_rank, group=link.group, tag=0)
             return None
         return full_vocab(model, out, tp_group)
+
+
+def forward_cached(model: torch.nn.Module, link: StageLink, tokens: torch.Tensor,
+                   positions: torch.Tensor, ctx: Any) -> torch.Tensor | None:
+    """One KV-cache forward (prefill or decode) through the pipeline, no grad: the output layer's
+    logits on the last stage (Megatron returns the last position only), None elsewhere. Each
+    stage keeps the KV cache of its own layers in ``ctx``."""
+    with torch.no_grad():
+        if not link.first:
+            received = _recv(link, link.prev_rank, _act_shape(link, tokens), tag=0)
+            model.set_input_tensor(received)  # type: ignore[operator]
+        out: torch.Tensor = model(tokens, positions, None, inference_context=ctx,
+                                  runtime_gather_output=True)
+        if not link.last:
+            dist.send(out.contiguous(), dst=link.next_rank, group=link.group, tag=0)
+            return None
+        return out
+
+
+def from_last(link: StageLink, value: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``value`` computed on the last stage, broadcast to every stage at this tp position
+    (``like`` gives the shape and dtype on the others)."""
+    if link.pp == 1:
+        if value is None:
+            raise ValueError("a single-stage unit computes every value itself")
+        return value
+    buf = value.contiguous() if value is not None else torch.empty_like(like)
+    dist.broadcast(buf, src=link.last_rank, group=link.group)
+    return buf
 
 
 def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
