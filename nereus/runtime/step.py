@@ -5,7 +5,8 @@ its units; each DP replica takes its contiguous slice of the step's sequences (g
 ``replica_slice``), all tp ranks of a replica compute on the same inputs. After each phase the
 first rank of every replica contributes its slice to an MPI all-gather, so every rank holds the
 whole batch (tiny on CPU); batch-level math (rewards, GAE) is then identical on every rank and
-independent of the plan. pp=1 units only (the CPU runtime has no pipeline schedule).
+independent of the plan. Units of any tp×pp: forward passes go through
+:mod:`nereus.runtime.train` (the CPU pipeline schedule); the last pp stage reports.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nereus.engines.forward import logits_of, response_logp, response_values, sequence_scores
+from nereus.engines.forward import response_logp, response_values, sequence_scores
 from nereus.engines.generation import generate, sample_uniforms
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
@@ -26,6 +27,7 @@ from nereus.rl.sample_order import SampleOrder, replica_slice
 from nereus.rl.task import PAD, PatternTask, encode
 from nereus.runtime.memory import MemoryAccount, resident_bytes
 from nereus.runtime.run_config import RunConfig
+from nereus.runtime.train import is_reporter, link_of, unit_forward_backward, unit_logits
 from nereus.runtime.units import PlanUnits, allreduce_grads, zero_grads
 from nereus.spec.job import Setup
 
@@ -58,8 +60,9 @@ def _resident(units: PlanUnits) -> int:
     return resident_bytes((st.model, st.optimizer) for st in units.units())
 
 
-def _first_of_replica(st: Any) -> bool:
-    return bool(st.position == (0, 0))
+def _reports(st: Any) -> bool:
+    """Whether this rank contributes its replica's results (last pp stage, tp rank 0)."""
+    return is_reporter(st)
 
 
 
@@ -92,16 +95,17 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
         t0 = time.perf_counter()
         u = sample_uniforms(rc.seed, step, seq_ids[lo:hi], t_new)
-        g = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature)
+        g = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature,
+                     link=link_of(st))
         kv_bytes = g.kv_cache_bytes
         greedy = None
         if job.algorithm == "remax":  # the greedy baseline response of every sequence's prompt
             gg = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature,
-                          greedy=True)
+                          greedy=True, link=link_of(st))
             greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
         stage_s["actor-gen"] = time.perf_counter() - t0
         account.observe("actor-gen", _resident(units), kv_bytes)
-        if _first_of_replica(st):
+        if _reports(st):
             contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy(), greedy)
     parts = [c["gen"] for c in _exchange(comm, contrib) if "gen" in c]
     tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
@@ -119,11 +123,11 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     for name, su, dp_rank, st in _my_replicas(units, ("ref-inf", "reward-inf", "critic-inf")):
         lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
         t0 = time.perf_counter()
-        st.model.eval()
-        with torch.no_grad():
-            lg = logits_of(st.model, tokens[lo:hi])
-        st.model.train()
-        if name == "ref-inf":
+        lg = unit_logits(st, tokens[lo:hi])  # on the last pp stage only
+        out: torch.Tensor | None
+        if lg is None:
+            out = None
+        elif name == "ref-inf":
             out = response_logp(lg, tokens[lo:hi], p_len)
         elif name == "critic-inf":
             out = response_values(lg, p_len)
@@ -131,7 +135,7 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             out = sequence_scores(lg, mask[lo:hi], p_len)
         stage_s[name] = time.perf_counter() - t0
         account.observe(name, _resident(units))
-        if _first_of_replica(st):
+        if out is not None and _reports(st):
             contrib[name] = (lo, out.numpy())
     got: dict[str, list[tuple[int, np.ndarray]]] = {}
     for c in _exchange(comm, contrib):
@@ -182,9 +186,11 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             n_tok = float(mask[base:base + per_mb].sum().clamp_min(1.0))
             zero_grads(st)
             mb = max(1, su.plan.micro_batch)
-            for a in range(lo, hi, mb):
-                b = min(hi, a + mb)
-                lg = logits_of(st.model, tokens[a:b])
+            spans = [(a, min(hi, a + mb)) for a in range(lo, hi, mb)]
+
+            def loss_of(i: int, lg: torch.Tensor, name: str = name, spans: Any = spans,
+                        n_tok: float = n_tok) -> torch.Tensor:
+                a, b = spans[i]
                 if name == "actor-train":
                     new_logp = response_logp(lg, tokens[a:b], p_len)
                     loss = policy_loss_sum(new_logp, logp[a:b], batch.advantages[a:b],
@@ -195,8 +201,10 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
                 else:
                     loss = value_loss_sum(response_values(lg, p_len), values[a:b],
                                           batch.returns[a:b], mask[a:b], rc.clip) / n_tok
-                loss.backward()
-                loss_total += float(loss.detach())
+                return loss
+
+            # 1F1B through the unit's pipeline stages (pp=1: forward, backward per microbatch)
+            loss_total += unit_forward_backward(st, [tokens[a:b] for a, b in spans], loss_of)
             account.observe(name, _resident(units))
             allreduce_grads(st, su.dp_group)
             st.optimizer.step()
@@ -204,7 +212,7 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             st.counters.position += 1
             st.counters.policy_version += 1
         stage_s[name] = time.perf_counter() - t0
-        if _first_of_replica(st):
+        if _reports(st):
             contrib[name] = loss_total / job.minibatches
     losses: dict[str, float] = {}
     for c in _exchange(comm, contrib):
@@ -249,9 +257,8 @@ def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tenso
     if mine is not None:
         dp_rank, st = mine
         lo, hi = replica_slice(n, su.plan.dp, dp_rank)
-        with torch.no_grad():
-            lg = logits_of(st.model, greedy_tokens[lo:hi])
-        if _first_of_replica(st):
+        lg = unit_logits(st, greedy_tokens[lo:hi])
+        if lg is not None and _reports(st):
             contrib["g"] = (lo, sequence_scores(lg, g_mask[lo:hi], p_len).numpy())
     out = torch.zeros(n, dtype=torch.float64)
     for c in _exchange(comm, contrib):
