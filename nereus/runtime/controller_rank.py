@@ -3,10 +3,12 @@
 Rank 0 also works as a rank (it holds units like any other rank): on CPU every rank plays one
 GPU and the controller's work (a plan search over a few hundred candidates) takes milliseconds at
 a step boundary, so reserving a rank for it would waste 1/N of the machine. The port is the
-simulator's :class:`SearchPort` with two CPU-runtime rules on top: every model-stage runs pp=1
-(the CPU runtime has no pipeline schedule; plans with pp > 1 are re-searched with that stage
-pinned to (tp, 1)), and a transition with no executable DAG is costed as the in-process
-checkpoint/restart the runtime performs (gather the global state, reload into the new layout).
+simulator's :class:`SearchPort` with two CPU-runtime rules on top: a model-stage runs pp > 1 only
+where the runtime's layout rules allow it (:func:`nereus.emu.shards.check_layout`; e.g. tied
+embeddings run pp=1 only: plans breaking a rule are re-searched with that stage pinned to
+(tp, 1)); pipeline stages run on the CPU 1F1B schedule of :mod:`nereus.engines.pipeline`), and
+a transition with no executable DAG is costed as the in-process checkpoint/restart the runtime
+performs (gather the global state, reload into the new layout).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from nereus.control.controller import ControllerState, Decision, PlanEvaluation,
 from nereus.control.planner_port import SearchPort
 from nereus.control.signals import Observation
 from nereus.cost.calibration import default_calibration
+from nereus.emu.shards import check_layout
+from nereus.emu.unit import Layout
+from nereus.errors import ConfigError
 from nereus.spec.job import Setup
-from nereus.spec.plan import ExecutionPlan
+from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition.primitives import ADAM_FP32_BYTES_PER_PARAM
 
 MAX_PIN_ROUNDS = 4
@@ -47,14 +52,24 @@ class CpuPort:
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         return self.base.evaluate(plan, obs)
 
-    def _pp1(self, found: tuple[ExecutionPlan, float] | None, obs: Observation,
-             pins: Mapping[str, tuple[int, int]] | None = None
-             ) -> tuple[ExecutionPlan, float] | None:
+    def _runs_here(self, sp: StagePlan) -> bool:
+        """Whether the runtime can build ``sp``'s units (its layout rules, pp > 1 included)."""
+        job = self.base.setup.job
+        try:
+            check_layout(job.model(job.workflow.by_name(sp.name).role), Layout(sp.tp, sp.pp))
+        except ConfigError:
+            return False
+        return True
+
+    def _pin_pp(self, found: tuple[ExecutionPlan, float] | None, obs: Observation,
+                pins: Mapping[str, tuple[int, int]] | None = None
+                ) -> tuple[ExecutionPlan, float] | None:
         layouts = dict(pins or {})
         for _ in range(MAX_PIN_ROUNDS):
             if found is None:
                 return None
-            deep = {sp.name: (sp.tp, 1) for sp in found[0].stages if sp.pp > 1}
+            deep = {sp.name: (sp.tp, 1) for sp in found[0].stages
+                    if sp.pp > 1 and not self._runs_here(sp)}
             if not deep:
                 return found
             layouts.update(deep)
@@ -63,7 +78,7 @@ class CpuPort:
 
     def search(self, obs: Observation, layouts: Mapping[str, tuple[int, int]] | None = None
                ) -> tuple[ExecutionPlan, float] | None:
-        return self._pp1(replace(self.base, layouts=layouts).search(obs), obs, layouts)
+        return self._pin_pp(replace(self.base, layouts=layouts).search(obs), obs, layouts)
 
     def options(self, obs: Observation, current: ExecutionPlan | None
                 ) -> Sequence[tuple[ExecutionPlan, float]]:
@@ -72,7 +87,7 @@ class CpuPort:
         if best is not None:
             out.append(best)
         if current is not None:
-            keep = {sp.name: (sp.tp, 1) for sp in current.stages}
+            keep = {sp.name: (sp.tp, sp.pp) for sp in current.stages}
             pinned = self.search(obs, keep)
             if pinned is not None and (best is None or pinned[0] != best[0]):
                 out.append(pinned)
