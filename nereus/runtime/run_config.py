@@ -13,23 +13,29 @@ pool the controller sees shrinks or grows after step k), ``force_transitions``
 (``{at_step: k, layouts: {model-stage: [tp, pp]}}``: after step k switch to the best plan with
 those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
 parameters of every trainable model-stage), ``inject_failure`` (``{rank: r, at_step: k}``: rank r
-raises at step k, k = -1 at start — fault injection to test that no rank hangs).
+raises at step k, k = -1 at start — fault injection to test that no rank hangs),
+``capacity_drop`` (``{at_step: k, memory_per_rank_gb: g}``: from step k on every rank's virtual
+device offers only g GB, as when another tenant takes memory; the runtime's accounting then
+reports OOM events, which tell the controller the new capacity — see ``nereus.runtime.memory``),
+``failures``
+(checkpoints and injected node deaths: ``nereus.runtime.failure_config``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.config import fields as f
 from nereus.errors import ConfigError
+from nereus.runtime.failure_config import FailureOptions, parse_failures
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
-        "inject_failure", "memory_per_rank_gb", "reward", "policy")
+        "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -72,11 +78,14 @@ class RunConfig:
     memory_per_rank_gb: float = 0.0  # 0: the cluster's memory per GPU
     reward: str = "task"  # task: the rule-based task reward; model: the reward model's score
     policy: str = "adaptive"  # adaptive: the controller; static: initial TP/PP, DP re-fit only
+    capacity_drop: tuple[int, float] | None = None  # (step, GB per rank from that step on)
+    failures: FailureOptions = field(default_factory=FailureOptions)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in KEYS}
         d["events"] = [e.to_dict() for e in self.events]
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
+        d["failures"] = self.failures.to_dict()
         return d
 
     @staticmethod
@@ -87,9 +96,12 @@ class RunConfig:
             (str(n), (int(v[0]), int(v[1]))) for n, v in sorted(t["layouts"].items())))
             for t in d["force_transitions"])
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
-                                                   "inject_failure")}
+                                                   "inject_failure", "failures")}
         fail = d.get("inject_failure")
+        drop = d.get("capacity_drop")
+        rest["capacity_drop"] = None if drop is None else (int(drop[0]), float(drop[1]))
         return RunConfig(**rest, events=events, force_transitions=forced,
+                         failures=FailureOptions.from_dict(d.get("failures")),
                          inject_failure=None if fail is None else (int(fail[0]), int(fail[1])))
 
 
@@ -193,6 +205,9 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         memory_per_rank_gb=mem_gb,
         reward=_reward(raw.get("reward", "task"), setup.job.reward_model),
         policy=f.choice("runtime.policy", raw.get("policy", "adaptive"), ("adaptive", "static")),
+        capacity_drop=_capacity_drop(raw.get("capacity_drop"), n_steps,
+                                     cluster.gpu.memory_bytes / 1e9),
+        failures=parse_failures(raw.get("failures"), cluster.nodes, n_steps),
     )
     return rc, setup
 
@@ -215,6 +230,21 @@ def _failure(raw: Any, ranks: int, steps: int) -> tuple[int, int] | None:
     if isinstance(at, bool) or not isinstance(at, int) or not -1 <= at < steps:
         raise ConfigError(f.join(path, "at_step"), at, f"must be -1 (start) .. {steps - 1}")
     return rank, at
+
+
+def _capacity_drop(raw: Any, steps: int, capacity_gb: float) -> tuple[int, float] | None:
+    if raw is None:
+        return None
+    path = "runtime.capacity_drop"
+    raw = f.mapping(path, raw, ("at_step", "memory_per_rank_gb"))
+    at = f.non_negative_int(f.join(path, "at_step"), raw.get("at_step"))
+    if at >= steps:
+        raise ConfigError(f.join(path, "at_step"), at, f"must be < steps={steps}")
+    gb = f.positive_float(f.join(path, "memory_per_rank_gb"), raw.get("memory_per_rank_gb"))
+    if gb >= capacity_gb:
+        raise ConfigError(f.join(path, "memory_per_rank_gb"), gb,
+                          f"must be below the capacity per rank ({capacity_gb:g} GB)")
+    return at, gb
 
 
 def _reward(value: Any, reward_model: bool) -> str:

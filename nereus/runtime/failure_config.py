@@ -1,0 +1,83 @@
+"""``runtime.failures``: checkpoints for lost state, and injected node deaths (checked here).
+
+Keys (all optional): ``checkpoint_every`` (write the logical state every k steps so that a job
+whose every replica of some model-stage died can resume; 0 = never, the default),
+``checkpoint_dir`` (default: ``<log>.ckpt`` beside the run log), ``resume`` (a checkpoint
+directory to start from: its newest checkpoint's state and step — the restart baseline),
+``kill`` (a list of ``{node: n, at_step: k, phase: step|transition, after_s: t}``: every rank of
+virtual node n kills itself with SIGKILL ``after_s`` seconds into step k, or into the plan change
+after step k — real process deaths at chosen moments, for tests and benchmarks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nereus.config import fields as f
+from nereus.errors import ConfigError
+
+KEYS = ("checkpoint_every", "checkpoint_dir", "resume", "kill")
+PHASES = ("step", "transition")
+
+
+@dataclass(frozen=True)
+class Kill:
+    node: int
+    at_step: int
+    phase: str = "step"
+    after_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "at_step": self.at_step, "phase": self.phase,
+                "after_s": self.after_s}
+
+
+@dataclass(frozen=True)
+class FailureOptions:
+    checkpoint_every: int = 0
+    checkpoint_dir: str = ""
+    resume: str = ""
+    kill: tuple[Kill, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint_every": self.checkpoint_every, "checkpoint_dir": self.checkpoint_dir,
+                "resume": self.resume, "kill": [k.to_dict() for k in self.kill]}
+
+    @staticmethod
+    def from_dict(d: Any) -> FailureOptions:
+        if not d:
+            return FailureOptions()
+        return FailureOptions(int(d["checkpoint_every"]), str(d["checkpoint_dir"]),
+                              str(d["resume"]),
+                              tuple(Kill(int(k["node"]), int(k["at_step"]), str(k["phase"]),
+                                         float(k["after_s"])) for k in d["kill"]))
+
+    def kills_at(self, node: int, step: int, phase: str) -> list[Kill]:
+        return [k for k in self.kill if (k.node, k.at_step, k.phase) == (node, step, phase)]
+
+
+def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
+    if raw is None:
+        return FailureOptions()
+    path = "runtime.failures"
+    raw = f.mapping(path, raw, KEYS)
+    every = f.non_negative_int(f.join(path, "checkpoint_every"), raw.get("checkpoint_every", 0))
+    kills = []
+    kill_raw = raw.get("kill", [])
+    if not isinstance(kill_raw, list):
+        raise ConfigError(f.join(path, "kill"), kill_raw, "must be a list")
+    for i, k in enumerate(kill_raw):
+        kp = f"{path}.kill[{i}]"
+        k = f.mapping(kp, k, ("node", "at_step", "phase", "after_s"))
+        node = f.non_negative_int(f.join(kp, "node"), k.get("node"))
+        if node >= nodes:
+            raise ConfigError(f.join(kp, "node"), node, f"must be < nodes={nodes}")
+        at = f.non_negative_int(f.join(kp, "at_step"), k.get("at_step"))
+        if at >= steps:
+            raise ConfigError(f.join(kp, "at_step"), at, f"must be < steps={steps}")
+        phase = f.choice(f.join(kp, "phase"), k.get("phase", "step"), PHASES)
+        after = f.non_negative_float(f.join(kp, "after_s"), k.get("after_s", 0.0))
+        kills.append(Kill(node, at, phase, after))
+    return FailureOptions(every, str(raw.get("checkpoint_dir", "")), str(raw.get("resume", "")),
+                          tuple(kills))
