@@ -50,7 +50,7 @@ def test_example_events_parse_and_cli_overrides_drop_those_outside_the_run() -> 
     ({"steps": 0}, {}, "runtime.steps"),
     ({"events": [{"at_step": 1, "remove_node": 5}]}, {}, "runtime.events[0].remove_node"),
     ({"events": [{"at_step": 1}]}, {}, "runtime.events[0]"),
-    ({"force_transitions": [{"at_step": 0, "layouts": {"actor-train": [2, 2]}}]}, {},
+    ({"force_transitions": [{"at_step": 0, "layouts": {"actor-train": [2, 3]}}]}, {},
      "runtime.force_transitions[0].layouts.actor-train"),
     ({"max_new_tokens": 500}, {}, "runtime.max_new_tokens"),
     ({}, {"ranks": 6}, "--ranks"),

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.config import fields as f
+from nereus.emu.shards import check_layout
+from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
 from nereus.runtime.failure_config import FailureOptions, parse_failures
 from nereus.spec.hardware import ClusterSpec
@@ -121,7 +123,8 @@ def _event(path: str, raw: Any, steps: int, nodes: int) -> Event:
     return Event(at, kinds[0], node)
 
 
-def _forced(path: str, raw: Any, steps: int, names: tuple[str, ...]) -> ForcedTransition:
+def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
+    names = setup.job.workflow.names
     raw = f.mapping(path, raw, ("at_step", "layouts"))
     at = f.non_negative_int(f.join(path, "at_step"), raw.get("at_step"))
     if at >= steps - 1:
@@ -133,8 +136,10 @@ def _forced(path: str, raw: Any, steps: int, names: tuple[str, ...]) -> ForcedTr
         if not (isinstance(v, list) and len(v) == 2):
             raise ConfigError(at_name, v, "must be [tp, pp]")
         tp, pp = (f.positive_int(at_name, x) for x in v)
-        if pp != 1:
-            raise ConfigError(at_name, v, "pp must be 1 (the CPU runtime runs pp=1 units)")
+        try:  # the layout rules of the runtime's units (pp > 1 runs the CPU pipeline)
+            check_layout(setup.job.model(setup.job.workflow.by_name(name).role), Layout(tp, pp))
+        except ConfigError as e:
+            raise ConfigError(at_name, v, f"{e.field} {e.rule}") from None
         out.append((name, (tp, pp)))
     if not out:
         raise ConfigError(f.join(path, "layouts"), {}, "must name at least one model-stage")
@@ -166,7 +171,6 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     setup = replace(setup, cluster=cluster)
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps))
-    names = setup.job.workflow.names
     # Events are checked against the config's own steps and cluster; a run made shorter or
     # smaller from the command line (--steps, --ranks) drops those that no longer happen in it.
     own_steps = f.positive_int("runtime.steps", raw.get("steps", n_steps))
@@ -175,7 +179,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                     for i, e in enumerate(_list("runtime.events", raw.get("events", []))))
     events = tuple(e for e in checked if e.at_step < n_steps and e.node < cluster.nodes)
     forced = tuple(t for t in (
-        _forced(f"runtime.force_transitions[{i}]", t, max(own_steps, n_steps), names)
+        _forced(f"runtime.force_transitions[{i}]", t, max(own_steps, n_steps), setup)
         for i, t in enumerate(_list("runtime.force_transitions",
                                     raw.get("force_transitions", []))))
         if t.at_step < n_steps - 1)
