@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
@@ -61,6 +62,11 @@ def check_collection(units: Sequence[Emu], what: str,
                      conflicts: ConflictSpec | Exclusion = None) -> None:
     """A valid collection: one state name per model-stage, and no GPU held by two units of one
     model-stage or of two conflicting ones (co-resident units of other model-stages share it)."""
+    named = {(u.model_stage, u.state) for u in units}
+    if len(named) == len({m for m, _ in named}):
+        held = [u.gpus for u in units]
+        if len(set().union(*held)) == sum(map(len, held)):
+            return  # one state per model-stage and no GPU held twice (else the checks below)
     state: dict[str, str] = {}
     for u in units:
         if state.setdefault(u.model_stage, u.state) != u.state:
@@ -81,11 +87,6 @@ def check_collection(units: Sequence[Emu], what: str,
                 raise TransitionError(f"{what}: GPU {g} held by {a} and {b}")
 
 
-def _key(u: Emu) -> tuple[str, tuple[int, ...], int, int]:
-    """Identity of a unit inside one collection (one state per model-stage), hashed in C."""
-    return u.model_stage, u.gpus, u.layout.tp, u.layout.pp
-
-
 def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
     """Per-axis gcd first, then every layout dividing it, largest first."""
     tp = pp = 0
@@ -94,6 +95,11 @@ def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
     cands = [Layout(t, p) for t in range(1, tp + 1) if tp % t == 0 for p in range(1, pp + 1)
              if pp % p == 0]
     return tuple(sorted(cands, key=lambda lay: (-lay.size, -lay.tp)))
+
+
+@lru_cache(maxsize=1024)
+def _candidates(layouts: frozenset[tuple[int, int]]) -> tuple[Layout, ...]:
+    return t_sub_candidates([Layout(tp, pp) for tp, pp in layouts])
 
 
 def compile_transition(
@@ -106,6 +112,7 @@ def compile_transition(
     stage_rank: Mapping[str, int] | None = None,
     spare_gpus: Sequence[int] = (),
     conflicts: ConflictSpec = None,
+    replicated: StateSizer | None = None,
 ) -> TransitionDag:
     """The global DAG from any valid EMU collection ``source`` to the collection ``target``.
 
@@ -114,7 +121,8 @@ def compile_transition(
     Units of non-conflicting model-stages may share GPUs; their bytes add up in the memory check.
     ``spare_gpus`` (held by nobody, needed by no target) and source GPUs no target needs may
     stage a copy of a state whose last copy sits on GPUs another model-stage's target needs,
-    breaking a circular wait.
+    breaking a circular wait. ``replicated`` gives the bytes of each state that every TP rank
+    holds whole (see :mod:`primitives`; None: none).
     """
     excl = exclusion_for({u.model_stage for u in source} | {v.model_stage for v in target},
                          conflicts)
@@ -129,15 +137,16 @@ def compile_transition(
                                   f"is not the target's {v.state!r}")
     rank = dict(stage_rank or {})
     names = sorted(src_state, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
-    tgt_set = {_key(v) for v in target}
+    tgt_set = {(v.model_stage, v.gpus, v.layout.tp, v.layout.pp) for v in target}
     by_src: dict[str, list[Emu]] = {m: [] for m in names}
     in_place: dict[str, list[Emu]] = {m: [] for m in names}
     by_tgt: dict[str, list[Emu]] = {m: [] for m in names}
-    for u in source:
-        (by_src if _key(u) not in tgt_set else in_place)[u.model_stage].append(u)
-    src_set = {_key(u) for u in source}
+    src_keys = [(u.model_stage, u.gpus, u.layout.tp, u.layout.pp) for u in source]
+    for u, key in zip(source, src_keys, strict=True):
+        (by_src if key not in tgt_set else in_place)[u.model_stage].append(u)
+    src_set = set(src_keys)
     for v in target:
-        if _key(v) not in src_set:
+        if (v.model_stage, v.gpus, v.layout.tp, v.layout.pp) not in src_set:
             by_tgt[v.model_stage].append(v)
     src_gpus: dict[str, set[int]] = {m: set() for m in names}
     tgt_gpus: dict[str, set[int]] = {m: set() for m in names}
@@ -155,7 +164,12 @@ def compile_transition(
                     for m in names}
         target_for = {m: frozenset().union(*(tgt_gpus[c] for c in names
                                              if excl.exclusive(m, c))) for m in names}
-    floors = _floors(source, target, sizer) if capacity_bytes is not None \
+    rep_of = {m: replicated(m) if replicated is not None else 0 for m in src_state}
+
+    def unit_bytes(m: str, layout: Layout) -> int:
+        return shard_bytes(sizer(m), layout, rep_of[m])
+
+    floors = _floors(source, target, unit_bytes) if capacity_bytes is not None \
         and excl.pairs is not None else {}
     load_for: dict[str, dict[int, int]] = {}
     for m in names if floors else ():
@@ -164,7 +178,8 @@ def compile_transition(
             if not excl.exclusive(m, c):
                 for g, b in fl.items():
                     load[g] = load.get(g, 0) + b
-    cands = {m: t_sub_candidates(list({u.layout for u in (by_src[m] or in_place[m]) + by_tgt[m]}))
+    cands = {m: _candidates(frozenset((u.layout.tp, u.layout.pp)
+                                      for u in (by_src[m] or in_place[m]) + by_tgt[m]))
              for m in names}
     choice = {m: [0, 0] for m in names}  # (T_sub candidate, donor rank) per model-stage
     # staging GPUs: free ones first, then ones the source holds and no target needs (after the
@@ -173,18 +188,26 @@ def compile_transition(
     released = sorted(g for g in all_held if g not in all_target)
     staging: dict[str, tuple[int, ...]] = {}
     sizes = tuple((m, sizer(m)) for m in sorted(names))
+    rep_sizes = tuple((m, rep_of[m]) for m in sorted(names)) if replicated is not None else ()
 
     def fits(m: str, loc: LocalDag) -> str | None:
         """Memory of ``m``'s local DAG beside what its co-residents keep throughout."""
         if capacity_bytes is None:
             return None
+        if excl.pairs is None and isinstance(capacity_bytes, int) and not reserved_bytes:
+            # no GPU is shared: the largest peak alone decides (the reason, if any, below)
+            top = max([max(p.peak_bytes().values()) for p in loc.prims], default=0)
+            if in_place[m]:
+                top = max(top, max(unit_bytes(m, u.layout) for u in in_place[m]))
+            if top <= capacity_bytes:
+                return None
         lv = loc.levels
         for p in loc.prims:
             for g, b in p.peak_bytes().items():
                 if b > lv.get(g, 0):
                     lv[g] = b
         for u in in_place[m]:
-            b = shard_bytes(sizer(m), u.layout)
+            b = unit_bytes(m, u.layout)
             for g in u.gpus:
                 if b > lv.get(g, 0):
                     lv[g] = b
@@ -197,14 +220,15 @@ def compile_transition(
     def local_for(m: str) -> LocalDag | None:
         """The local DAG at ``choice[m]`` or the next choice that compiles (None: none left)."""
         if not by_tgt[m]:
-            loc = local_dag(by_src[m], [], Layout(1, 1), sizer(m), held_for[m], target_for[m])
+            loc = local_dag(by_src[m], [], Layout(1, 1), sizer(m), held_for[m], target_for[m],
+                            replicated_bytes=rep_of[m])
             assert loc is not None
             fits(m, loc)  # a model-stage that only leaves: its levels, nothing to choose
             return loc
         while choice[m][0] < len(cands[m]):
             loc = local_dag(by_src[m], by_tgt[m], cands[m][choice[m][0]], sizer(m),
                              held_for[m], target_for[m], in_place[m], choice[m][1],
-                             staging.get(m, ()), load_for.get(m))
+                             staging.get(m, ()), load_for.get(m), rep_of[m])
             if loc is not None:
                 why = fits(m, loc)
                 if why is None:
@@ -226,7 +250,7 @@ def compile_transition(
         locs[m] = loc
     exhausted: set[str] = set()
     while True:
-        dag, cycle = _assemble(source, target, names, locs, rank, excl, sizes)
+        dag, cycle = _assemble(source, target, names, locs, rank, excl, sizes, rep_sizes)
         if not cycle:
             break
         for m in dict.fromkeys(cycle):  # another donor or a finer T_sub for one of them
@@ -275,14 +299,14 @@ def compile_transition(
         bad = excess_gpus({m: locs[m].levels for m in names}, excl, capacity_bytes,
                           reserved_bytes)
         if bad:
-            dag = _chain_gpus(dag, bad, sizer, capacity_bytes, reserved_bytes or {})
+            dag = _chain_gpus(dag, bad, unit_bytes, capacity_bytes, reserved_bytes or {})
     return dag
 
 
 def _chain_gpus(
     dag: TransitionDag,
     bad: list[tuple[int, str]],
-    sizer: StateSizer,
+    unit_bytes: Callable[[str, Layout], int],
     capacity_bytes: int | Mapping[int, int],
     reserved: Mapping[int, int],
 ) -> TransitionDag:
@@ -306,7 +330,7 @@ def _chain_gpus(
             key = (u.model_stage, u.layout.tp, u.layout.pp)
             b = shard.get(key)
             if b is None:
-                b = shard[key] = shard_bytes(sizer(u.model_stage), u.layout)
+                b = shard[key] = unit_bytes(u.model_stage, u.layout)
             b *= sign
             for g in u.gpus:
                 if g in seqs:
@@ -346,8 +370,8 @@ def _chain_gpus(
     return replace(dag, edges=dag.edges + tuple(extra))
 
 
-def _floors(source: Sequence[Emu], target: Sequence[Emu], sizer: StateSizer
-            ) -> dict[str, dict[int, int]]:
+def _floors(source: Sequence[Emu], target: Sequence[Emu],
+            unit_bytes: Callable[[str, Layout], int]) -> dict[str, dict[int, int]]:
     """Per model-stage and GPU the bytes it holds there both before and after the transition
     (the smaller of its source and target shards there; 0 where it holds none in either)."""
     before: dict[str, dict[int, int]] = {}
@@ -355,7 +379,7 @@ def _floors(source: Sequence[Emu], target: Sequence[Emu], sizer: StateSizer
     for units, out in ((source, before), (target, after)):
         for u in units:
             raise_level(out, u.model_stage,
-                        dict.fromkeys(u.gpus, shard_bytes(sizer(u.model_stage), u.layout)))
+                        dict.fromkeys(u.gpus, unit_bytes(u.model_stage, u.layout)))
     return {m: {g: min(b, after[m][g]) for g, b in lv.items() if g in after.get(m, {})}
             for m, lv in before.items()}
 
@@ -368,6 +392,7 @@ def _assemble(
     rank: Mapping[str, int],
     excl: Exclusion,
     sizes: tuple[tuple[str, int], ...],
+    rep_sizes: tuple[tuple[str, int], ...] = (),
 ) -> tuple[TransitionDag, list[str]]:
     prims: list[Primitive] = []
     edges: list[tuple[int, int, str]] = []
@@ -411,7 +436,7 @@ def _assemble(
                 heapq.heappush(heap, keys[j])
     t_sub = tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None)
     dag = TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges), tuple(order),
-                        t_sub, excl.pairs, sizes)
+                        t_sub, excl.pairs, sizes, rep_sizes)
     if len(order) == n:
         return dag, []
     return dag, _cycle_names(prims, succ, set(range(n)) - set(order))
@@ -450,9 +475,11 @@ def compile_plans(
     stage_rank: Mapping[str, int] | None = None,
     spare_gpus: Sequence[int] = (),
     conflicts: ConflictSpec = None,
+    replicated: StateSizer | None = None,
 ) -> TransitionDag:
     """:func:`compile_transition` between two placed plans of one workflow."""
     st = dict(states)
     return compile_transition(emus_of_plan(current, st), emus_of_plan(target, st), sizer,
                               capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes,
-                              stage_rank=stage_rank, spare_gpus=spare_gpus, conflicts=conflicts)
+                              stage_rank=stage_rank, spare_gpus=spare_gpus, conflicts=conflicts,
+                              replicated=replicated)

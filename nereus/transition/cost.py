@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Destroy, Extend, Flow, Merge, Primitive, shard_bytes
+from nereus.transition.primitives import (
+    GROUPINGS,
+    Destroy,
+    Extend,
+    Flow,
+    Merge,
+    Primitive,
+    Split,
+    groupings_differ,
+    shard_bytes,
+)
 
 # Shape of a Split or Merge: its layouts, grouping and bytes, with its GPUs renumbered in order of
 # first appearance and each GPU's node renumbered likewise. Two primitives of one shape move the
@@ -31,13 +41,14 @@ def _busiest_s(flows: tuple[Flow, ...], gpn: int, intra: float, inter: float) ->
 def _shape(p: Primitive, gpn: int) -> Shape:
     if isinstance(p, Merge):
         head: tuple[object, ...] = ("merge", p.srcs[0].layout.tp, p.srcs[0].layout.pp,
-                                    p.into.layout.tp, p.into.layout.pp, p.grouping, p.state_bytes)
+                                    p.into.layout.tp, p.into.layout.pp, p.grouping, p.state_bytes,
+                                    p.replicated_bytes)
         seq = [*p.into.gpus, *(g for u in p.srcs for g in u.gpus)]
     else:
         assert not isinstance(p, (Destroy, Extend))
         sub = p.into[0].layout
         head = ("split", p.src.layout.tp, p.src.layout.pp, sub.tp, sub.pp, p.grouping,
-                p.state_bytes)
+                p.state_bytes, p.replicated_bytes)
         seq = [*p.src.gpus, *(g for u in p.into for g in u.gpus)]
     ids: dict[int, int] = {}
     nodes: dict[int, int] = {}
@@ -50,9 +61,22 @@ def _duration_s(p: Primitive, gpn: int, intra: float, inter: float, setup_s: flo
     if isinstance(p, Destroy):
         return p.comm_groups * setup_s  # local teardown: no transfers
     if isinstance(p, Extend):  # one shard per rank pair, all pairs at once
-        sb = shard_bytes(p.state_bytes, p.src.layout)
+        sb = shard_bytes(p.state_bytes, p.src.layout, p.replicated_bytes)
         cross = any(a // gpn != b // gpn for a, b in zip(p.src.gpus, p.new.gpus, strict=True))
         return p.comm_groups * setup_s + sb / (inter if cross else intra)
+    if isinstance(p, Split):
+        lay, sub = p.src.layout, p.into[0].layout
+        gpus = p.src.gpus
+        if not p.replicated_bytes and min(gpus) // gpn == max(gpus) // gpn and (
+                p.grouping == GROUPINGS[0] or not groupings_differ(lay, sub)):
+            # one node, position-wise all-gather: every GPU sends its shard to the k-1 others
+            # of its block and receives as many, whatever the arrangement of the sub-units
+            k = lay.size // sub.size
+            return setup_s + (k - 1) * round(p.state_bytes / lay.size) / intra
+    elif isinstance(p, Merge):
+        gpus = p.into.gpus
+        if min(gpus) // gpn == max(gpus) // gpn:  # one node: its (cached) flows directly
+            return p.comm_groups * setup_s + _busiest_s(p.flows, gpn, intra, inter)
     if cache is None:
         return p.comm_groups * setup_s + _busiest_s(p.flows, gpn, intra, inter)
     key = _shape(p, gpn)

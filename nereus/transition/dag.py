@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from nereus.emu.unit import Emu
-from nereus.transition.primitives import Primitive
+from nereus.transition.primitives import Primitive, shard_bytes
 from nereus.transition.residency import Exclusion, exclusion_for
 
 # Edge kinds: "data" (a unit must exist / be read before it is consumed), "local" (a GPU of the same
@@ -35,6 +35,7 @@ class TransitionDag:
     t_sub: tuple[tuple[str, int, int], ...] = ()
     conflicts: frozenset[tuple[str, str]] | None = None
     state_bytes: tuple[tuple[str, int], ...] = ()  # (model-stage, bytes of its logical state)
+    replicated_bytes: tuple[tuple[str, int], ...] = ()  # (model-stage, TP-replicated part of it)
 
     @cached_property
     def exclusion(self) -> Exclusion:
@@ -70,7 +71,23 @@ class TransitionDag:
             self.t_sub,
             self.conflicts,
             self.state_bytes,
+            self.replicated_bytes,
         )
+
+    def unit_bytes(self, u: Emu) -> int:
+        """Bytes one position of a live unit ``u`` holds (0 for a model-stage it does not know)."""
+        sizes = self.sizes
+        return shard_bytes(sizes[0].get(u.model_stage, 0), u.layout,
+                           sizes[1].get(u.model_stage, 0))
+
+    @cached_property
+    def sizes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(state bytes, TP-replicated bytes) per model-stage."""
+        state = dict(self.state_bytes)
+        state.update({p.model_stage: p.state_bytes for p in self.primitives})
+        rep = dict(self.replicated_bytes)
+        rep.update({p.model_stage: p.replicated_bytes for p in self.primitives})
+        return state, rep
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

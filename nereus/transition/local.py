@@ -20,6 +20,8 @@ from nereus.transition.primitives import (
     Primitive,
     Split,
     groupings_differ,
+    new_emu,
+    record,
     sub_unit_gpus,
     sub_units,
 )
@@ -58,8 +60,9 @@ def _best_grouping(options: Mapping[str, tuple[tuple[int, ...], ...]],
 
 def _sub_options(unit: Emu, t_sub: Layout) -> dict[str, tuple[tuple[int, ...], ...]]:
     """Sub-unit GPU tuples of ``unit`` per grouping that differs (interleaved first)."""
-    grps = GROUPINGS if groupings_differ(unit.layout, t_sub) else GROUPINGS[:1]
-    return {grp: sub_unit_gpus(unit, t_sub, grp) for grp in grps}
+    if groupings_differ(unit.layout, t_sub):
+        return {grp: sub_unit_gpus(unit, t_sub, grp) for grp in GROUPINGS}
+    return {GROUPINGS[0]: sub_unit_gpus(unit, t_sub, GROUPINGS[0])}
 
 
 @dataclass
@@ -81,6 +84,7 @@ def local_dag(
     donor_rank: int = 0,
     staging: tuple[int, ...] = (),
     load: Mapping[int, int] | None = None,
+    replicated_bytes: int = 0,
 ) -> LocalDag | None:
     """One model-stage's local DAG through ``t_sub``; None when no copy can reach the target.
 
@@ -90,15 +94,17 @@ def local_dag(
     loc = LocalDag()
     if not tgts:
         for u in srcs:
-            d = loc.add(Destroy(u, state_bytes))
+            d = loc.add(Destroy(u, state_bytes, replicated_bytes))
             loc.release.update(dict.fromkeys(u.gpus, d))
         return loc
     loc.t_sub = t_sub
     # Per unit the sub-unit grouping that lands most sub-units exactly on a target slot.
     # Units below are keyed by their GPU tuple: every unit of this model-stage the local DAG
     # reads, produces or destroys at t_sub has its own GPU tuple.
-    src_opts = [_sub_options(u, t_sub) if u.layout != t_sub else {} for u in srcs]
-    src_tuples: set[tuple[int, ...]] = {u.gpus for u in srcs if u.layout == t_sub}
+    sub_tp, sub_pp = t_sub.tp, t_sub.pp
+    at_sub = [u.layout.tp == sub_tp and u.layout.pp == sub_pp for u in srcs]
+    src_opts = [{} if a else _sub_options(u, t_sub) for u, a in zip(srcs, at_sub, strict=True)]
+    src_tuples: set[tuple[int, ...]] = {u.gpus for u, a in zip(srcs, at_sub, strict=True) if a}
     for opts in src_opts:
         for tuples in opts.values():
             src_tuples.update(tuples)
@@ -114,14 +120,14 @@ def local_dag(
     kept: list[Emu] = []
     surplus: list[Emu] = []  # at t_sub
     whole: list[Emu] = []  # surplus units left unsplit
-    for u, opts in zip(srcs, src_opts, strict=True):
-        if u.layout == t_sub:
+    for u, opts, a in zip(srcs, src_opts, at_sub, strict=True):
+        if a:
             (kept if u.gpus in slot_gpus else surplus).append(u)
             continue
         grp = _best_grouping(opts, slot_gpus)
-        if any(t in slot_gpus for t in opts[grp]):
-            subs = tuple(Emu(u.model_stage, u.state, t_sub, t) for t in opts[grp])
-            i = loc.add(Split(u, subs, state_bytes, grp))
+        if not slot_gpus.isdisjoint(opts[grp]):
+            subs = tuple([new_emu(u.model_stage, u.state, t_sub, t) for t in opts[grp]])
+            i = loc.add(record(Split, u, subs, state_bytes, grp, replicated_bytes))
             for sub in subs:
                 producer[sub.gpus] = i
                 made[sub.gpus] = sub
@@ -130,22 +136,23 @@ def local_dag(
             whole.append(u)
     kept_gpus = {k.gpus for k in kept}
     unfilled = [
-        Emu(v.model_stage, v.state, t_sub, g)
+        new_emu(v.model_stage, v.state, t_sub, g)
         for v, (_, parts) in zip(tgts, tgt_parts, strict=True)
         for g in parts
         if g not in kept_gpus
     ]
-    unfilled.sort(key=lambda s: any(g in held for g in s.gpus))  # free GPUs first (stable)
+    unfilled.sort(key=lambda s: not held.isdisjoint(s.gpus))  # free GPUs first (stable)
     reads: dict[tuple[int, ...], list[int]] = {}
     donor: Emu | None = None
     # Sources: kept sub-units and surplus ones on GPUs no target needs (nobody waits for them).
     pool = [_Source(s, 1 if s.gpus in producer else 0) for s in kept]
     pool += [_Source(s, 0) for s in surplus if target_gpus.isdisjoint(s.gpus)]
-    pool += [_Source(r, 0) for r in replicas if r.layout == t_sub]  # units already in place
+    pool += [_Source(r, 0) for r in replicas
+             if r.layout.tp == sub_tp and r.layout.pp == sub_pp]  # units already in place
     if unfilled and not pool:
         own = frozenset(g for v in tgts for g in v.gpus)
         donor = _pick_donor(loc, surplus, whole, unfilled, t_sub, state_bytes, producer, held,
-                            target_gpus - own, donor_rank)
+                            target_gpus - own, donor_rank, replicated_bytes)
         if donor is None:
             return None
         loc.donor = True
@@ -153,7 +160,7 @@ def local_dag(
         if len(staging) == t_sub.size:
             # Copy the donor onto spare GPUs first: the donor then waits for nobody.
             stage = Emu(donor.model_stage, donor.state, t_sub, staging)
-            e0 = loc.add(Extend(donor, stage, state_bytes))
+            e0 = loc.add(Extend(donor, stage, state_bytes, replicated_bytes))
             if donor.gpus in producer:
                 loc.edges.append((producer[donor.gpus], e0, "data"))
             reads[donor.gpus] = [e0]
@@ -169,7 +176,7 @@ def local_dag(
     heapq.heapify(heap)
     tie = len(heap)
     for slot in unfilled:
-        blocked = 1 if any(g in held for g in slot.gpus) else 0
+        blocked = 0 if held.isdisjoint(slot.gpus) else 1
         slot_set = set(slot.gpus)
         skipped = []
         while heap and not slot_set.isdisjoint(heap[0][2].gpus):
@@ -180,7 +187,7 @@ def local_dag(
         for item in skipped:
             heapq.heappush(heap, item)
         start = max(free_at, blocked)
-        e = loc.add(Extend(src, slot, state_bytes))
+        e = loc.add(record(Extend, src, slot, state_bytes, replicated_bytes))
         if src.gpus in producer:
             loc.edges.append((producer[src.gpus], e, "data"))
         prev = reads.setdefault(src.gpus, [])
@@ -194,23 +201,26 @@ def local_dag(
         producer[slot.gpus] = e
         made[slot.gpus] = slot
     for s in surplus:
-        d = loc.add(Destroy(s, state_bytes))
+        d = loc.add(record(Destroy, s, state_bytes, replicated_bytes))
         if s.gpus in producer:
             loc.edges.append((producer[s.gpus], d, "data"))
-        loc.edges.extend((e, d, "data") for e in reads.get(s.gpus, ()))
+        if s.gpus in reads:
+            loc.edges.extend([(e, d, "data") for e in reads[s.gpus]])
         loc.release.update(dict.fromkeys(s.gpus, d))
     for w in whole:
-        d = loc.add(Destroy(w, state_bytes))
+        d = loc.add(record(Destroy, w, state_bytes, replicated_bytes))
         loc.release.update(dict.fromkeys(w.gpus, d))
     for v, (grp, part_gpus) in zip(tgts, tgt_parts, strict=True):
-        if v.layout == t_sub:
+        if v.layout.tp == sub_tp and v.layout.pp == sub_pp:
             continue
-        parts = tuple(made.get(g) or Emu(v.model_stage, v.state, t_sub, g) for g in part_gpus)
-        mg = loc.add(Merge(parts, v, state_bytes, grp))
+        parts = tuple([made.get(g) or new_emu(v.model_stage, v.state, t_sub, g)
+                       for g in part_gpus])
+        mg = loc.add(record(Merge, parts, v, state_bytes, grp, replicated_bytes))
         for g in part_gpus:
             if g in producer:
                 loc.edges.append((producer[g], mg, "data"))
-            loc.edges.extend((e, mg, "data") for e in reads.get(g, ()))
+            if g in reads:
+                loc.edges.extend([(e, mg, "data") for e in reads[g]])
     prims = loc.prims
     for i, p in enumerate(prims):
         if isinstance(p, Extend):
@@ -235,6 +245,7 @@ def _pick_donor(
     held: AbstractSet[int],
     others_need: frozenset[int],
     rank: int,
+    replicated_bytes: int = 0,
 ) -> Emu | None:
     """The ``rank``-th best copy to keep until an Extend has copied it (None: no more).
 
@@ -269,7 +280,7 @@ def _pick_donor(
     if parent is not None:
         whole.remove(parent)
         subs = sub_units(parent, t_sub)
-        i = loc.add(Split(parent, subs, state_bytes))
+        i = loc.add(Split(parent, subs, state_bytes, GROUPINGS[0], replicated_bytes))
         for s in subs:
             producer[s.gpus] = i
         surplus.extend(s for s in subs if s != donor)

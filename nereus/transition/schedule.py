@@ -17,7 +17,7 @@ from typing import Protocol
 from nereus.emu.unit import Emu
 from nereus.errors import TransitionError
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Extend, Primitive, consumed, produced, shard_bytes
+from nereus.transition.primitives import Extend, Primitive, consumed, produced
 from nereus.transition.residency import ConflictSpec, exclusion_for
 
 
@@ -61,8 +61,6 @@ class Scheduler:
         self._done = 0
         self._pos = {i: k for k, i in enumerate(dag.order)}
         self._free = {i for i in range(n) if not self._preds_left[i]}  # waiting, preds done
-        self._sizes = dict(dag.state_bytes)
-        self._sizes.update({p.model_stage: p.state_bytes for p in dag.primitives})
         self.owners: dict[int, list[Emu]] = {}
         self._bytes: dict[int, int] = {}  # GPU → live units' shards + running buffers
         self._extra: dict[int, dict[int, int]] = {}  # running primitive → GPU → buffer bytes
@@ -77,7 +75,7 @@ class Scheduler:
         return {g: us[0] for g, us in self.owners.items() if us}
 
     def _resident(self, u: Emu) -> int:
-        return shard_bytes(self._sizes.get(u.model_stage, 0), u.layout)
+        return self.dag.unit_bytes(u)
 
     def _add_unit(self, u: Emu) -> None:
         self.live.add(u)

@@ -107,13 +107,12 @@ def validate_dag(
                         f"{type(prims[b]).__name__} of {prims[b].model_stage} are unordered"
                     )
     reserved = reserved_bytes or {}
-    state_bytes = dict(dag.state_bytes)
-    state_bytes.update({p.model_stage: p.state_bytes for p in prims})
+    state_bytes, rep_bytes = dag.sizes
 
     def resident(u: Emu) -> int:
-        if sizer is not None:
-            return shard_bytes(sizer(u.model_stage), u.layout)
-        return shard_bytes(state_bytes.get(u.model_stage, 0), u.layout)
+        m = u.model_stage
+        return shard_bytes(sizer(m) if sizer is not None else state_bytes.get(m, 0), u.layout,
+                           rep_bytes.get(m, 0))
 
     # bytes per model-stage and GPU: now (live units) and the most it ever holds (its level)
     res: dict[tuple[str, int], int] = {}
