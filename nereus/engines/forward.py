@@ -1,7 +1,8 @@
-"""Forward passes of the inference and training model-stages on a pp=1 Megatron GPTModel.
+"""What the inference and training model-stages read from a Megatron GPTModel's logits.
 
-Models come with :func:`nereus.engines.generation.enable_kv_cache` applied, so their forward
-returns full-vocabulary logits on every tp rank. The critic and the reward model are GPTModels
+Logits come from the unit's last pipeline stage (:mod:`nereus.engines.pipeline`) as
+full-vocabulary logits on every tp rank (the runtime's models have
+:func:`nereus.engines.generation.enable_kv_cache` applied, which gathers the vocab shards). The critic and the reward model are GPTModels
 of their own architecture whose output column 0 is read as the scalar head (value per position,
 reward at the last token): the EMU shard maps of Megatron's GPTModel then cover their whole
 state, so they move between layouts like any other unit.
@@ -15,7 +16,8 @@ VALUE_COLUMN = 0
 
 
 def logits_of(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """[b, s, vocab] logits of ``tokens`` [b, s] (learned absolute positions 0..s-1)."""
+    """[b, s, vocab] logits of ``tokens`` [b, s] (learned absolute positions 0..s-1) of a
+    single-stage (pp=1) model; units of any pp go through :mod:`nereus.runtime.train`."""
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
     out: torch.Tensor = model(tokens, positions, None)
     return out
