@@ -6,9 +6,11 @@ a unit of a *conflicting* model-stage still holds (one that runs concurrently, s
 :mod:`residency`; units of other phases of the lane stay co-resident and block nothing but
 memory); release-before-acquire and gen → inf → train order the rest. Memory: each local DAG must
 fit beside the bytes its co-residents keep throughout; where the co-resident bound of
-:mod:`residency` still exceeds a GPU's capacity, every primitive on that GPU is chained ("memory"
-edges, in priority order) and the GPU is checked exactly, one primitive at a time. Reuse: per unit the sub-unit grouping (interleaved or contiguous) that lands most
-sub-units exactly on a target slot is chosen; units already equal to a target unit stay as they
+:mod:`residency` still exceeds a GPU's capacity, "memory" edges order just the phases of
+co-resident model-stages that could meet above it (:mod:`phases`, exact over every execution);
+where that does not converge every primitive on that GPU is chained in priority order and the GPU
+is checked one primitive at a time. Reuse: per unit the sub-unit grouping (interleaved or
+contiguous) that lands most sub-units exactly on a target slot is chosen; units already equal to a target unit stay as they
 are. A model-stage with no sub-unit in place keeps one *donor* copy until an Extend has copied it;
 the donor is read once, later copies come from the new replicas (a broadcast tree). A circular wait
 makes the compiler try, for a model-stage on the cycle, another donor, then a finer T_sub (more
@@ -31,6 +33,7 @@ from nereus.errors import TransitionError
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.dag import TransitionDag
 from nereus.transition.local import LocalDag, local_dag
+from nereus.transition.phases import order_for_memory
 from nereus.transition.primitives import (
     KIND_ORDER,
     Extend,
@@ -295,11 +298,23 @@ def compile_transition(
                                                      if mem else ""))
     if capacity_bytes is not None and excl.pairs is not None:
         # co-resident model-stages: their chosen local DAGs' bytes together; where the bound
-        # does not fit, run every primitive on that GPU one after another and check exactly
+        # does not fit, order just the phases that would meet above capacity (see
+        # :mod:`phases`), and where that fails run every primitive on the GPU one at a time
         bad = excess_gpus({m: locs[m].levels for m in names}, excl, capacity_bytes,
                           reserved_bytes)
         if bad:
-            dag = _chain_gpus(dag, bad, unit_bytes, capacity_bytes, reserved_bytes or {})
+            reserved = reserved_bytes or {}
+
+            def limit(g: int) -> int:
+                cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
+                return cap - reserved.get(g, 0)
+
+            extra, failed = order_for_memory(dag, [g for g, _ in bad], limit)
+            dag = replace(dag, edges=dag.edges + extra)
+            if failed:
+                left = set(failed)
+                dag = _chain_gpus(dag, [(g, why) for g, why in bad if g in left], unit_bytes,
+                                  capacity_bytes, reserved)
     return dag
 
 

@@ -12,8 +12,8 @@ from nereus.transition.residency import Exclusion, exclusion_for
 # Edge kinds: "data" (a unit must exist / be read before it is consumed), "local" (a GPU of the same
 # model-stage must be released before it is acquired), "resource" (the same across model-stages,
 # the edges the global compiler adds), "order" (Extends reading one source run one after another),
-# "memory" (primitives of co-resident model-stages on a GPU whose buffers together would not fit
-# run one after another: the compiler chains every primitive touching that GPU).
+# "memory" (phases of co-resident model-stages on a GPU whose bytes together would not fit are
+# ordered, see :mod:`phases`; where that does not suffice every primitive on the GPU is chained).
 EDGE_KINDS = ("data", "local", "resource", "order", "memory")
 
 

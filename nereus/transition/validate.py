@@ -7,7 +7,8 @@ time. So one symbolic run in any topological order decides GPU ownership for all
 model-stage's bytes on each GPU follow the same sequence in every execution. Co-resident
 model-stages (not conflicting) may interleave freely: where they do, a GPU's memory is checked
 with the bound of :mod:`residency` (the largest sum of per-model-stage levels over non-conflicting
-model-stages); where every primitive on a GPU is ordered (always so without co-residency, and
+model-stages) and, where that bound exceeds the capacity, with the exact worst case over every
+execution of :mod:`phases`; where every primitive on a GPU is ordered (always so without co-residency, and
 where the compiler chained them with "memory" edges) its bytes follow one sequence in every
 execution and the symbolic run checks them exactly. Copies: a model-stage keeps a copy throughout if one of its final units descends from a source unit through Splits and Merges only, or
 else if every Destroy of it comes after an Extend whose copy survives to the end.
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from nereus.emu.unit import Emu
 from nereus.errors import TransitionError
 from nereus.transition.dag import TransitionDag
+from nereus.transition.phases import gpu_phases, worst_bytes
 from nereus.transition.primitives import (
     Destroy,
     Extend,
@@ -28,7 +30,7 @@ from nereus.transition.primitives import (
     produced,
     shard_bytes,
 )
-from nereus.transition.residency import ConflictSpec, exclusion_for, memory_excess
+from nereus.transition.residency import ConflictSpec, excess_gpus, exclusion_for
 
 
 def topological_order(dag: TransitionDag) -> list[int]:
@@ -225,10 +227,19 @@ def validate_dag(
         raise TransitionError(f"end state differs from the target: {len(missing)} missing, "
                               f"{len(extra)} extra units")
     if capacity_bytes is not None:
+        # loose GPUs: the bound of :mod:`residency`, and where it does not fit the exact worst
+        # case over every execution (:mod:`phases`)
         shared = {m: {g: b for g, b in lv.items() if g in loose} for m, lv in levels.items()}
-        why = memory_excess(shared, excl, capacity_bytes, reserved)
-        if why is not None:
-            raise TransitionError(f"memory: {why}")
+        bad = excess_gpus(shared, excl, capacity_bytes, reserved)
+        by_gpu = gpu_phases(dag, [g for g, _ in bad], resident) if bad else {}
+        for g, why in bad:
+            limit = cap_of(g) - reserved.get(g, 0)
+            worst, witness = worst_bytes(by_gpu[g], anc, limit)
+            if worst > limit:
+                parts = " + ".join(f"{m} {ph.nbytes}" for m, ph in witness)
+                raise TransitionError(f"memory: {worst + reserved.get(g, 0)} bytes on GPU {g} "
+                                      f"({parts}) > capacity {cap_of(g)} in some execution "
+                                      f"(bound: {why})")
     _check_copies(dag, anc, need, rec_producer, rec_consumer, rec_children, rec_stage)
 
 
