@@ -13,6 +13,7 @@ transfer machinery (``nereus.runtime.primitives.Executor.weight_sync``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from nereus.emu.shards import shards_at, tensor_specs
 from nereus.emu.unit import Emu, Layout
 from nereus.engines.generation import enable_kv_cache
 from nereus.engines.megatron_model import StageGroups, build_gpt
+from nereus.errors import TransitionError
 from nereus.runtime.groups import unit_groups
 from nereus.runtime.primitives import Executor
 from nereus.runtime.state import FIELDS, Counters, UnitState, load_global, new_unit_state
@@ -66,7 +68,11 @@ class PlanUnits:
 
     def __init__(self, setup: Setup, plan: ExecutionPlan, global_rank: int, timeout_s: float,
                  lr: float, globs: dict[str, Glob], counters: dict[str, tuple[Counters, float]],
-                 store: dist.Store, namespace: str) -> None:
+                 store: dist.Store, namespace: str,
+                 adopted: Mapping[Emu, UnitState] | None = None) -> None:
+        """Build the plan's units from ``globs``/``counters``, or — when ``adopted`` is given
+        (after a transition DAG, on every rank) — take this rank's units of the plan from it:
+        then no unit group is created (the DAG made them), only the DP groups."""
         self.setup = setup
         self.plan = plan
         self.global_rank = global_rank
@@ -82,6 +88,17 @@ class PlanUnits:
             spec = spec_of(setup, sp.name)
             c, adam_step = counters.get(sp.name, (Counters(), 0.0))
             for dp_rank, emu in enumerate(su.emus):
+                if adopted is not None:
+                    if global_rank not in emu.gpus:
+                        continue
+                    if emu not in adopted:
+                        raise TransitionError(
+                            f"rank {global_rank}: the transition left no state for {emu}")
+                    st = adopted[emu]
+                    self._groups += _groups_of(st.groups)
+                    enable_kv_cache(st.model, st.groups.tp)
+                    su.mine[dp_rank] = st
+                    continue
                 groups = unit_groups(emu, global_rank, timeout_s)
                 if groups is None:
                     continue
@@ -125,6 +142,17 @@ class PlanUnits:
             moved += plan.bytes_moved
         return moved
 
+    def handover(self) -> dict[Emu, UnitState]:
+        """This rank's units, given away to a transition: afterwards :meth:`destroy` releases
+        only the DP groups (the units' own groups go with the units)."""
+        held = {su.emus[dp_rank]: st for su in self.stages.values()
+                for dp_rank, st in su.mine.items()}
+        unit_groups_ = {id(g) for st in held.values() for g in _groups_of(st.groups)}
+        self._groups = [g for g in self._groups if id(g) not in unit_groups_]
+        for su in self.stages.values():
+            su.mine.clear()
+        return held
+
     def destroy(self) -> None:
         """Drop models and optimizer state, destroy every group this rank joined."""
         for su in self.stages.values():
@@ -136,6 +164,17 @@ class PlanUnits:
             seen.add(id(g))
             dist.destroy_process_group(g)
         self._groups.clear()
+
+
+def release_units(states: list[UnitState]) -> None:
+    """Destroy the process groups of units this rank no longer holds (each group once)."""
+    seen: set[int] = set()
+    for st in states:
+        for g in _groups_of(st.groups):
+            if id(g) in seen or g is None or g == dist.GroupMember.NON_GROUP_MEMBER:
+                continue
+            seen.add(id(g))
+            dist.destroy_process_group(g)
 
 
 def initial_global(spec: ModelSpec, seed: int, solo: StageGroups) -> Glob:

@@ -9,8 +9,11 @@ message (the target plan or none). An admitted target is installed at this safe 
 ``nereus.runtime.transition_exec`` and the next step runs on it.
 
 Failures: start-up problems are agreed on by every rank (the same error everywhere, exit 2 or 3);
-a rank failing mid-run prints ``NEREUS-RANK-ERROR rank R: …`` on stderr and aborts the MPI job,
-so no rank waits forever (every gloo collective also has a timeout).
+a rank whose own code fails mid-run prints ``NEREUS-RANK-ERROR rank R: …`` on stderr and aborts
+the MPI job, so no rank waits forever (every gloo collective also has a timeout). When ranks
+*die* (under ULFM, ``mpiexec --with-ft ulfm``), the survivors shrink the communicator and run the
+rest of the job on what is left (``nereus.runtime.failure_recovery``): ``_run`` starts again on
+the survivors from the agreed boundary, with the replicated controller on the lowest survivor.
 """
 
 from __future__ import annotations
@@ -61,36 +64,56 @@ def main(argv: list[str] | None = None) -> int:
 
     from nereus.errors import CommunicationError
     from nereus.runtime.control_plane import ControlPlane
+    from nereus.runtime.failure import RankFailure, secondary
+    from nereus.runtime.failure_recovery import FailureHandler
 
     comm = MPI.COMM_WORLD
     plane = ControlPlane(comm)
-    try:
-        return _run(args, comm, plane)
-    except CommunicationError as e:  # agreed: every rank has the same message
-        text = str(e)
-        kind = text.split(": ", 1)[1].split("|", 1)[0] if "|" in text else ""
-        msg = text.split("|", 1)[1] if "|" in text else text
-        if plane.is_root:
-            prefix = "infeasible" if kind == "InfeasiblePlanError" else "error"
-            print(f"nereus: {prefix}: {msg}", file=sys.stderr, flush=True)
-        if kind == "InfeasiblePlanError":
-            return EXIT_INFEASIBLE
-        return EXIT_CONFIG if kind in ("ConfigError", "InfeasiblePlanError") else EXIT_RANK
-    except Exception as e:  # mid-run failure on this rank: tell, then end every rank
-        first = str(e).splitlines()[0] if str(e) else ""
-        detail = f"rank {plane.global_rank}: {type(e).__name__}: {first}"
-        print(f"{ERROR_MARK} {detail}", file=sys.stderr, flush=True)
-        if args.summary_json:  # also beside the summary: MPI_Abort can cut the stderr forwarding
-            err_path = os.path.join(os.path.dirname(args.summary_json),
-                                    f"rank-error-{plane.global_rank}.txt")
-            with contextlib.suppress(OSError), open(err_path, "w", encoding="utf-8") as fh:
-                fh.write(detail + "\n")
-        time.sleep(0.5)  # let mpiexec forward the line before the abort tears the job down
-        comm.Abort(EXIT_RANK)
-        return EXIT_RANK
+    ft = FailureHandler(comm, args.log)
+    while True:
+        try:
+            return _run(args, comm, plane, ft)
+        except CommunicationError as e:  # agreed: every rank has the same message
+            text = str(e)
+            kind = text.split(": ", 1)[1].split("|", 1)[0] if "|" in text else ""
+            msg = text.split("|", 1)[1] if "|" in text else text
+            if plane.is_root:
+                prefix = "infeasible" if kind == "InfeasiblePlanError" else "error"
+                print(f"nereus: {prefix}: {msg}", file=sys.stderr, flush=True)
+            if kind == "InfeasiblePlanError":
+                return EXIT_INFEASIBLE
+            return EXIT_CONFIG if kind in ("ConfigError", "InfeasiblePlanError") else EXIT_RANK
+        except Exception as e:  # ranks died (survive and go on) or this rank failed (fatal)
+            failed: Exception = e
+            try:
+                survived = ft.survive(comm, plane.global_rank, e) if secondary(e) else None
+            except RankFailure as lost:  # survivors, but state or plan lost: one line, exit
+                if ft.leader:
+                    _report(args, plane.global_rank, f"RankFailure: {lost}")
+                return EXIT_RANK
+            if survived is None:
+                break
+            comm = survived[0]
+            plane = ControlPlane(comm)
+    # A failure of this rank's own (or nobody died): tell, then end every rank.
+    first = str(failed).splitlines()[0] if str(failed) else ""
+    _report(args, plane.global_rank, f"{type(failed).__name__}: {first}")
+    time.sleep(0.5)  # let mpiexec forward the line before the abort tears the job down
+    comm.Abort(EXIT_RANK)
+    return EXIT_RANK
 
 
-def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
+def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
+    """The one error line of a rank (and a copy beside the summary: MPI_Abort can cut the
+    stderr forwarding)."""
+    print(f"{ERROR_MARK} rank {rank}: {detail}", file=sys.stderr, flush=True)
+    if args.summary_json:
+        err_path = os.path.join(os.path.dirname(args.summary_json), f"rank-error-{rank}.txt")
+        with contextlib.suppress(OSError), open(err_path, "w", encoding="utf-8") as fh:
+            fh.write(f"rank {rank}: {detail}\n")
+
+
+def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     import torch.distributed as dist
 
     from nereus.config.load import load_config
@@ -99,12 +122,13 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
     from nereus.rl.task import PatternTask
     from nereus.runtime.control_plane import Message
     from nereus.runtime.controller_rank import RankZeroController
-    from nereus.runtime.memory import MemoryAccount
+    from nereus.runtime.memory import account_for_run
+    from nereus.runtime.plan_change import change_plan
     from nereus.runtime.rendezvous import rendezvous
     from nereus.runtime.run_config import parse_runtime
     from nereus.runtime.run_log import RunRecorder
-    from nereus.runtime.step import StepInputs, run_step
-    from nereus.runtime.transition_exec import gather_state, state_bytes
+    from nereus.runtime.step import Rollout, StepInputs, run_async_step, run_step
+    from nereus.runtime.transition_exec import gather_state
     from nereus.runtime.units import PlanUnits, initial_global
     from nereus.spec.plan import ExecutionPlan
 
@@ -114,15 +138,14 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
         cfg = load_config(args.config)
         rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                                   steps=args.steps)
-        if rc.ranks != plane.world_size:
+        if rc.ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size,
                               f"the MPI job has {plane.world_size} ranks, the config {rc.ranks}")
-        if setup.job.mode != "sync":
-            raise ConfigError("job.mode", setup.job.mode,
-                              "nereus run executes sync mode in this version (async: not yet)")
         return cfg, rc, setup
 
     cfg, rc, setup = _agree(plane, setup_all)
+    if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
+        setup, rc = ft.resume.setup, ft.resume.rc
 
     def maybe_fail(at_step: int) -> None:
         if rc.inject_failure == (rank, at_step):
@@ -131,6 +154,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
     maybe_fail(-1)
     ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static")
            if plane.is_root else None)
+    if ft.resume is not None:
+        ctl = ft.resume.ctl
     recorder: RunRecorder | None = None
 
     def first_plan() -> Any:
@@ -141,16 +166,18 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
             raise InfeasiblePlanError(f"no plan fits the virtual cluster: {reason}")
         return plan
 
-    plan_d = _agree(plane, lambda: first_plan().to_dict() if plane.is_root else None)
+    plan_d = _agree(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else
+                                    first_plan().to_dict()) if plane.is_root else None)
     plan = ExecutionPlan.from_dict(plane.broadcast(
         Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None
     ).payload["plan"])
     if plane.is_root:
-        recorder = _agree(plane, lambda: RunRecorder(args.log, setup, rc, cfg, plan))
+        recorder = _agree(plane, lambda: ft.resume.recorder if ft.resume else
+                          RunRecorder(args.log, setup, rc, cfg, plan))
     else:
         _agree(plane, lambda: None)
 
-    rendezvous(plane, generation=0, timeout_s=rc.timeout_s)
+    rendezvous(plane, generation=ft.generation, timeout_s=rc.timeout_s)
     from datetime import timedelta
 
     from nereus.engines.megatron_model import StageGroups
@@ -170,16 +197,25 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
         same_as_actor = ms.role == "reference" and spec == setup.job.model("actor")
         globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
                                         solo_groups)
-    units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, {}, store, "p0")
-    account = MemoryAccount(rank, setup.cluster.gpu.memory_bytes)
+    ft.watch(setup, rc, cfg, ctl, recorder)
+    globs, counters, start = ft.start_state(globs)
+    units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0")
+    ft.resumed(plan, globs)
+    account = account_for_run(rank, setup, rc.capacity_drop)
     inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
     version = 0
-    for step in range(rc.steps):
+    pending: Rollout | None = None  # async: the next step's batch, generated ahead
+    for step in range(start, rc.steps):
+        ft.boundary(units, step, version)
         plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
                         if plane.is_root else None)
         maybe_fail(step)
+        ft.arm(rank, step, "step")
         t0 = time.perf_counter()
-        res = run_step(inp, units, step, comm, account)
+        if setup.job.mode == "async":  # batch step+1 generated beside this step's training
+            res, pending = run_async_step(inp, units, step, comm, account, pending)
+        else:
+            res = run_step(inp, units, step, comm, account)
         step_s = time.perf_counter() - t0
         gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
         target_d: dict[str, Any] | None = None
@@ -189,20 +225,24 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any) -> int:
         msg = plane.broadcast(Message("plan", plane.next_seq(), {"target": target_d})
                               if plane.is_root else None)
         target = msg.payload["target"]
+        ft.replicate(plane)  # any survivor can take over the controller from here
+        ft.boundary(units, step + 1, version)
+        ft.checkpoint(plane, step + 1)
+        ft.arm(rank, step, "transition")
         if target is None or step == rc.steps - 1:
             continue
         t1 = time.perf_counter()
-        pool = tuple(target["pool"])
-        new_globs, counters, lost = gather_state(units, comm, pool)
-        units.destroy()
         version += 1
         new_plan = ExecutionPlan.from_dict(target["plan"])
-        units = PlanUnits(setup, new_plan, rank, rc.timeout_s, rc.lr, new_globs, counters,
-                          store, f"p{version}")
+        units, change = change_plan(plane, comm, units, new_plan, tuple(target["pool"]), store,
+                                    version, lr=rc.lr)
         measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
         if plane.is_root:
             assert recorder is not None
-            recorder.transition(step, target, new_plan, measured, state_bytes(new_globs), lost)
+            recorder.transition(step, target, new_plan, measured, change.bytes_moved,
+                                change.lost, executor=change.executor,
+                                primitives=change.primitives,
+                                dag_detail={"reason": change.reason, "waves": change.waves})
     if rc.save_state:
         final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
         if plane.is_root:
