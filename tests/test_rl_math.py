@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from nereus.rl.advantages import gae, grpo_advantages, remax_advantages
 from nereus.rl.losses import kl_to_reference, policy_loss, value_loss
 from nereus.rl.sample_order import SampleOrder, replica_slice
-from nereus.rl.task import EOS, PatternTask, encode
+from nereus.rl.task import EOS, SEP, VOCAB_SIZE, PatternTask, decode, encode
 
 
 def reference_gae(r: list[float], v: list[float], gamma: float, lam: float) -> list[float]:
@@ -68,15 +68,49 @@ def test_losses() -> None:
 
 
 def test_pattern_task_rewards_longer_correct_responses() -> None:
-    task = PatternTask(target_len=10)
+    task = PatternTask(credit_len=20)
     prompt = task.prompt(3)
     assert prompt == task.prompt(3) and prompt.endswith(":")
     pat = task.pattern_of(prompt)
     good = encode((pat * 10)[:6]) + [EOS]
     longer = encode((pat * 10)[:9]) + [EOS]
-    wrong = encode("z" + pat)
-    assert task.reward(prompt, longer) > task.reward(prompt, good) > task.reward(prompt, wrong) == 0.0
-    assert task.reward(prompt, encode(pat * 50)) == 1.0
+    assert task.reward(prompt, good) == 6.0 and task.reward(prompt, longer) == 9.0
+    wrong_first = [SEP] + encode((pat * 10)[1:6]) + [EOS]  # a mistake, then 5 matches
+    assert task.reward(prompt, wrong_first) == 2.5
+    assert task.reward(prompt, [EOS] + encode(pat * 5)) == 0.0  # nothing before EOS counts
+    assert task.reward(prompt, encode(pat * 50)) == 20.0  # credit stops at credit_len tokens
+    assert decode(encode(prompt + "\n")) == prompt + "\n"
+    with pytest.raises(ValueError, match="vocabulary"):
+        encode("z")
+
+
+@given(st.integers(0, 10_000), st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=80))
+@settings(max_examples=80, deadline=None)
+def test_pattern_reward_is_rule_based_partial_credit(index: int, response: list[int]) -> None:
+    """The reward is a function of (prompt, response) alone: 0.5 per matching position before
+    EOS plus 0.5 per token of the correct run from the start; extending a response with the
+    correct next token never lowers it."""
+    task = PatternTask(seed=1)
+    prompt = task.prompt(index)
+    want = encode(task.pattern_of(prompt))
+    body = response[: response.index(EOS)] if EOS in response else response
+    body = body[: task.credit_len]
+    matches = sum(t == want[i % len(want)] for i, t in enumerate(body))
+    run = next((i for i, t in enumerate(body) if t != want[i % len(want)]), len(body))
+    assert task.reward(prompt, response) == 0.5 * (matches + run)
+    if EOS not in response and len(response) < task.credit_len:
+        extended = [*response, want[len(response) % len(want)]]
+        assert task.reward(prompt, extended) > task.reward(prompt, response)
+
+
+def test_random_policy_scores_above_zero() -> None:
+    """A uniform policy over the task vocabulary (what an untrained model samples) earns a
+    nonzero mean reward: the signal RL starts from."""
+    task = PatternTask()
+    rng = np.random.default_rng(0)
+    scores = [task.reward(task.prompt(i), rng.integers(0, VOCAB_SIZE, size=64).tolist())
+              for i in range(400)]
+    assert 0.1 < float(np.mean(scores)) < 1.5 and float(np.mean(np.array(scores) > 0)) > 0.3
 
 
 @given(st.integers(1, 50), st.integers(0, 200), st.sampled_from([1, 2, 4, 8]))

@@ -55,9 +55,6 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     cfg = load_config(args.config)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps)
-    if setup.job.mode != "sync":
-        raise ConfigError("job.mode", setup.job.mode,
-                          "nereus run executes sync mode in this version (async: not yet)")
     plan, d = RankZeroController(setup, adapt=True).initial()
     if plan is None:
         reason = d.admission.reason if d.admission else "no plan"

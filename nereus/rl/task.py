@@ -1,12 +1,19 @@
 """The embedded verifiable task: continue a pattern, rewarded per correct character.
 
-A prompt is ``"<pattern>:"`` for a short pattern of lowercase letters; the correct response
-repeats the pattern cyclically and ends with ``"\\n"``. The rule-based reward counts the correct
-characters before the first mistake (or end of sequence), divided by ``target_len``, capped at 1.
-A random policy stops early and errs; as it learns, rewarded responses get longer, so the
-generated length drifts upward by itself — the drift the controller reacts to.
+A prompt is ``"<pattern>:"`` for a short pattern of letters from ``ALPHABET``; the correct
+response repeats the pattern cyclically. The rule-based reward gives partial credit: over the
+first ``credit_len`` response tokens before the first EOS, it counts the correct run from the
+start (exact continuation) plus every position that matches the cyclic pattern, times
+``credit`` = 0.5: a token of the correct run earns 1.0, a matching token after a mistake 0.5.
+(Credit of order one per token keeps the score above the noise of an untrained critic, so PPO
+learns within a few steps.) A random policy over the tiny
+vocabulary scores above 0 (a letter matches with probability 1/8) and stops early (EOS with
+probability 1/8); every correct token adds credit, so as the policy learns it stops later and
+rewarded responses get longer — the length drift the controller reacts to arises by itself.
 
-Character-level tokenizer: token id = ``ord(c)`` (ASCII < 128); ``EOS = ord("\\n")``.
+Character-level tokenizer with a tiny vocabulary of ``VOCAB_SIZE`` = 8 ids: ``PAD`` 0, ``EOS``
+1 (``"\\n"``), ``SEP`` 2 (``":"``), then the letters. Models of the task need ``vocab_size``
+≥ ``VOCAB_SIZE`` (ids above it are never correct; the example config uses exactly 8).
 """
 
 from __future__ import annotations
@@ -15,17 +22,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-EOS = ord("\n")
 PAD = 0
-ALPHABET = "abcdefgh"
+EOS = 1
+SEP = 2
+ALPHABET = "abcde"
+SPECIAL = {"\n": EOS, ":": SEP}
+VOCAB_SIZE = 3 + len(ALPHABET)
+_ID = {**SPECIAL, **{c: 3 + i for i, c in enumerate(ALPHABET)}}
+_CHAR = {v: k for k, v in _ID.items()}
 
 
 def encode(text: str) -> list[int]:
-    return [ord(c) for c in text]
+    try:
+        return [_ID[c] for c in text]
+    except KeyError as e:
+        raise ValueError(f"character {e.args[0]!r} is not in the task's vocabulary") from None
 
 
 def decode(tokens: list[int]) -> str:
-    return "".join(chr(t) for t in tokens if 0 < t < 128)
+    """Text of ``tokens``; PAD and ids outside the vocabulary are dropped."""
+    return "".join(_CHAR[t] for t in tokens if t in _CHAR)
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,8 @@ class PatternTask:
     dataset_size: int = 4096
     min_pattern: int = 2
     max_pattern: int = 4
-    target_len: int = 48
+    credit_len: int = 64
+    credit: float = 0.5
     seed: int = 0
 
     def prompt(self, index: int) -> str:
@@ -49,13 +66,20 @@ class PatternTask:
     def pattern_of(prompt: str) -> str:
         return prompt[:-1] if prompt.endswith(":") else prompt
 
-    def reward(self, prompt: str, response_tokens: list[int]) -> float:
-        pattern = self.pattern_of(prompt)
-        correct = 0
-        for i, tok in enumerate(response_tokens):
+    def counts(self, prompt: str, response_tokens: list[int]) -> tuple[int, int]:
+        """(correct run from the start, matching positions) within the first ``credit_len``
+        tokens before EOS."""
+        want = encode(self.pattern_of(prompt))
+        run, matches, running = 0, 0, True
+        for i, tok in enumerate(response_tokens[: self.credit_len]):
             if tok == EOS:
                 break
-            if tok != ord(pattern[i % len(pattern)]):
-                break
-            correct += 1
-        return min(correct, self.target_len) / self.target_len
+            hit = tok == want[i % len(want)]
+            matches += hit
+            running = running and hit
+            run += running
+        return run, matches
+
+    def reward(self, prompt: str, response_tokens: list[int]) -> float:
+        run, matches = self.counts(prompt, response_tokens)
+        return self.credit * (run + matches)

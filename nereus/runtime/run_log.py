@@ -7,6 +7,7 @@ event; the console gets one progress line per step and a summary table at the en
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -61,9 +62,8 @@ class RunRecorder:
                           peak_memory_bytes=peaks, reward=r0["reward"], tokens=r0["tokens"],
                           flush=False)
         ooms = [e for g in gathered for e in g["oom"]]
-        for e in ooms:
-            self.log.log_event(step, "oom", e)
-            self._calibrate_oom(ctl, plan, e, r0)
+        if ooms:
+            self._on_ooms(step, ctl, plan, ooms, r0)
         row = {"step": step, "reward": r0["reward"], "len": r0["len_mean"], "step_s": step_s,
                "plan": plan_label(plan), "losses": r0["losses"], "kl": r0["kl"],
                "tokens": r0["tokens"]}
@@ -123,16 +123,39 @@ class RunRecorder:
         return {"plan": target.to_dict(), "pool": list(ctl.pool), "kind": kind,
                 "predicted_s": predicted}
 
-    def _calibrate_oom(self, ctl: RankZeroController, plan: ExecutionPlan, e: dict[str, Any],
-                       r0: dict[str, Any]) -> None:
-        """Measured bytes over capacity: scale that model-stage's memory estimate so the
-        controller sees the current plan as infeasible (urgent path)."""
+    def _on_ooms(self, step: int, ctl: RankZeroController, plan: ExecutionPlan,
+                 ooms: list[dict[str, Any]], r0: dict[str, Any]) -> None:
+        """Ranks went over their capacity: log every event, give the controller the capacity
+        the devices report (when it fell), and where the memory model predicted less than was
+        measured, scale that model-stage's estimate up — the controller then finds the current
+        plan infeasible and takes the urgent path."""
+        for e in ooms:
+            self.log.log_event(step, "oom", e)
+        cap = min(int(e["capacity_bytes"]) for e in ooms)
+        gpu = ctl.setup.cluster.gpu
+        if cap < gpu.memory_bytes:
+            cluster = replace(ctl.setup.cluster, gpu=replace(gpu, memory_bytes=cap))
+            ctl.setup = replace(ctl.setup, cluster=cluster)
+            self.log.log_event(step, "capacity-change", {"from_bytes": gpu.memory_bytes,
+                                                         "to_bytes": cap})
         obs = Observation(0, r0["len_mean"], r0["len_p95"], ctl.pool)
-        predicted = gpu_memory(setup_for(self.setup, obs), plan, ctl.calib).get(
-            e["global_rank"], 0)
-        if predicted > 0:
-            ctl.calib = ctl.calib.with_memory_sample(e["model_stage"], predicted, e["peak_bytes"],
-                                                     1.0)
+        base = ctl.calib
+        predicted = gpu_memory(setup_for(ctl.setup, obs), plan, base)
+        ratio: dict[str, tuple[float, float, int]] = {}  # stage -> worst (ratio, before, peak)
+        for e in ooms:
+            before = predicted.get(e["global_rank"], 0) / base.memory_factor(e["model_stage"])
+            if 0 < predicted.get(e["global_rank"], 0) < e["peak_bytes"]:
+                r = e["peak_bytes"] / before
+                if r > ratio.get(e["model_stage"], (0.0, 0.0, 0))[0]:
+                    ratio[e["model_stage"]] = (r, before, int(e["peak_bytes"]))
+        for name, (_, before, peak) in sorted(ratio.items()):
+            # the sample is the prediction before the factor
+            ctl.calib = ctl.calib.with_memory_sample(name, before, peak, 1.0)
+        worst = max(ooms, key=lambda e: e["peak_bytes"] - e["capacity_bytes"])
+        self.console.print(
+            f"  OOM in step {step + 1} on {len({e['global_rank'] for e in ooms})} rank(s), e.g. "
+            f"rank {worst['global_rank']} in {worst['model_stage']}: "
+            f"{worst['peak_bytes'] / 1e6:.1f} MB > {worst['capacity_bytes'] / 1e6:.1f} MB")
 
     def transition(self, step: int, target: dict[str, Any], plan: ExecutionPlan,
                    measured_s: float, moved_bytes: int, lost: list[str],

@@ -1,4 +1,6 @@
-"""One synchronous RL step on this rank (PPO, GRPO, ReMax): gen → inf → train → weight sync.
+"""One RL step on this rank (PPO, GRPO, ReMax): gen → inf → train → weight sync (sync mode),
+or, in async mode, the next batch's generation beside this batch's inf → train (one step
+off-policy, :func:`run_async_step`).
 
 Every rank runs this for every step with the same arguments. A model-stage runs on the ranks of
 its units; each DP replica takes its contiguous slice of the step's sequences (global order,
@@ -75,18 +77,28 @@ def _my_replicas(units: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any,
         if mine is not None:
             yield name, su, mine[0], mine[1]
 
-def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
-             account: MemoryAccount) -> dict[str, Any]:
-    """Run step ``step``; returns this rank's measurements (plain data)."""
+@dataclass(frozen=True)
+class Rollout:
+    """One step's generated batch, the same on every rank (plain CPU tensors, plan-free):
+    ``tokens``/``greedy_tokens`` [n, P+T], ``logp``/``mask`` [n, T]; ``texts`` the prompts."""
+
+    step: int
+    texts: list[str]
+    tokens: torch.Tensor
+    greedy_tokens: torch.Tensor
+    logp: torch.Tensor
+    mask: torch.Tensor
+
+
+def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
+                     account: MemoryAccount, stage_s: dict[str, float]) -> Rollout:
+    """Generate step ``step``'s batch with actor-gen's current weights (collective)."""
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rc.max_new_tokens
-    stage_s: dict[str, float] = {}
     texts, prompts = prompt_batch(inp, step)
     prompts = prompts.repeat_interleave(job.samples_per_prompt, dim=0)
     seq_ids = np.arange(n_seq)
-
-    # -- generation --------------------------------------------------------------------------
     contrib: dict[str, Any] = {}
     su = units.stages["actor-gen"]
     mine = su.my_replica()
@@ -103,7 +115,7 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             gg = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature,
                           greedy=True, link=link_of(st))
             greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
-        stage_s["actor-gen"] = time.perf_counter() - t0
+        stage_s["actor-gen"] = stage_s.get("actor-gen", 0.0) + time.perf_counter() - t0
         account.observe("actor-gen", _resident(units), kv_bytes)
         if _reports(st):
             contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy(), greedy)
@@ -117,9 +129,52 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         tokens[lo:hi], logp[lo:hi], mask[lo:hi] = (torch.from_numpy(a) for a in (tk, lp, mk))
         if gr is not None:
             greedy_tokens[lo:hi] = torch.from_numpy(gr)
+    return Rollout(step, texts, tokens, greedy_tokens, logp, mask)
+
+
+def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
+             account: MemoryAccount) -> dict[str, Any]:
+    """Synchronous step ``step``: gen → inf → train → weight sync; this rank's measurements."""
+    stage_s: dict[str, float] = {}
+    account.begin_step(step)
+    rollout = generate_rollout(inp, units, step, comm, account, stage_s)
+    return learn_step(inp, units, rollout, comm, account, stage_s)
+
+
+def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
+                   account: MemoryAccount, pending: Rollout | None
+                   ) -> tuple[dict[str, Any], Rollout | None]:
+    """Asynchronous step ``step`` (one step off-policy): the generation of batch ``step + 1``
+    overlaps the inference and training of batch ``step`` (generated one step earlier), then the
+    weight sync — the step boundary, where transitions happen — gives actor-gen the new weights.
+    So batch k is sampled with the policy after k − 1 updates (batches 0 and 1 with the initial
+    one) and PPO's ratio is taken against that behaviour policy. On CPU the two lanes run one
+    after the other on the ranks (each rank does its part; the semantics are the async ones).
+    ``pending`` is batch ``step`` (None at the first step: it is generated here); returns the
+    measurements and batch ``step + 1`` (None after the last step)."""
+    stage_s: dict[str, float] = {}
+    account.begin_step(step)
+    if pending is None:
+        pending = generate_rollout(inp, units, step, comm, account, stage_s)
+    if pending.step != step:
+        raise ValueError(f"async step {step} got the batch of step {pending.step}")
+    ahead = None
+    if step + 1 < inp.rc.steps:
+        ahead = generate_rollout(inp, units, step + 1, comm, account, stage_s)
+    return learn_step(inp, units, pending, comm, account, stage_s), ahead
+
+
+def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
+               account: MemoryAccount, stage_s: dict[str, float]) -> dict[str, Any]:
+    """Inference, rewards, advantages, training on ``rollout``, then the weight sync."""
+    job, rc = inp.setup.job, inp.rc
+    n_seq = job.global_batch * job.samples_per_prompt
+    p_len, t_new = job.prompt_len, rc.max_new_tokens
+    texts, tokens, greedy_tokens = rollout.texts, rollout.tokens, rollout.greedy_tokens
+    logp, mask = rollout.logp, rollout.mask
 
     # -- inference ---------------------------------------------------------------------------
-    contrib = {}
+    contrib: dict[str, Any] = {}
     for name, su, dp_rank, st in _my_replicas(units, ("ref-inf", "reward-inf", "critic-inf")):
         lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
         t0 = time.perf_counter()
