@@ -23,6 +23,7 @@ from nereus.errors import ConfigError
 from nereus.spec.model import TINY_GPT
 
 pytestmark = pytest.mark.slow
+DEFAULT_DIRECT_MIN = 1 << 16  # nereus.runtime.pack.DIRECT_MIN_VALUES (restored per run)
 WORLD = 4
 SPEC = TINY_GPT
 COUNTERS = (7, 2, 5, 11)  # updates, model-stage version, policy version, position
@@ -44,20 +45,33 @@ def _snapshot(ex: Any) -> dict[Emu, Any]:
             for emu, st in ex.units.items()}
 
 
+# How a transfer travels: "default" (tiny-gpt's slices are small: mostly packed), "direct"
+# (every contiguous source slice its own message, non-contiguous destinations via a buffer),
+# "allgather" (direct, and Split blocks as one gloo all-gather each).
+MODES = ("default", "direct", "allgather")
+
+
 def _run_sequence(rank: int, world: int, store: Any, initial: Emu, ops: list[Any],
-                  seed: int, run_id: int) -> list[dict[Emu, Any]]:
+                  seed: int, run_id: int, mode: str = "default") -> list[dict[Emu, Any]]:
+    import nereus.runtime.pack as rpack
     from nereus.runtime.primitives import Executor
     from nereus.runtime.state import Counters, load_global
 
-    ex = Executor(SPEC, rank, store, f"run{run_id}",
-                  timeout_s=30.0)
-    ex.create(initial, counters=Counters(*COUNTERS), step=STEP)
-    if initial in ex.units:
-        load_global(ex.units[initial], global_state(seed))
-    snaps = [_snapshot(ex)]
-    for op in ops:
-        getattr(ex, type(op).__name__.lower())(op)
-        snaps.append(_snapshot(ex))
+    assert rpack.DIRECT_MIN_VALUES == DEFAULT_DIRECT_MIN
+    if mode != "default":
+        rpack.DIRECT_MIN_VALUES = 1
+    try:
+        ex = Executor(SPEC, rank, store, f"run{run_id}", timeout_s=30.0)
+        ex.split_allgather = mode == "allgather"
+        ex.create(initial, counters=Counters(*COUNTERS), step=STEP)
+        if initial in ex.units:
+            load_global(ex.units[initial], global_state(seed))
+        snaps = [_snapshot(ex)]
+        for op in ops:
+            getattr(ex, type(op).__name__.lower())(op)
+            snaps.append(_snapshot(ex))
+    finally:
+        rpack.DIRECT_MIN_VALUES = DEFAULT_DIRECT_MIN
     return snaps
 
 
@@ -150,12 +164,14 @@ def _all_four() -> tuple[Emu, list[Any]]:
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
-@example(_all_four(), 1)
-@given(sequences(), st.integers(0, 2**16))
+@example(_all_four(), 1, "default")
+@example(_all_four(), 2, "direct")
+@example(_all_four(), 3, "allgather")
+@given(sequences(), st.integers(0, 2**16), st.sampled_from(MODES))
 def test_random_sequences_preserve_state_bit_for_bit(pool: Any, seq: tuple[Emu, list[Any]],
-                                                      seed: int) -> None:
+                                                      seed: int, mode: str) -> None:
     initial, ops = seq
-    per_step = pool.run(_run_sequence, initial, ops, seed, next(RUN_IDS))
+    per_step = pool.run(_run_sequence, initial, ops, seed, next(RUN_IDS), mode)
     want = global_state(seed)
     live = [initial]
     for i in range(len(ops) + 1):

@@ -3,33 +3,39 @@
 Every rank of the job runs the same sequence of (pure, deterministic) primitive records. A rank
 taking part in a transfer joins a gloo group created for that transition only (unique store
 prefix, bounded timeout) and drops it afterwards; the unit groups of new units are created by
-every rank (``dist.new_group`` is collective). Transfers are point-to-point: per peer pair one
-contiguous buffer (all moves between the pair, all fields), all pairs posted at once:
+every rank (``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at
+once; per pair, contiguous source slices go as they are (no copy) straight into contiguous
+destination slices, the rest packed into one buffer (:mod:`nereus.runtime.pack`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
-  GPU receives the other members' shards it lacks (an all-gather-v as pairwise exchanges);
+  GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
+  ``Executor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
 - Merge: every merged shard is already resident; local copies only, nothing is sent;
 - Extend: rank-aligned pairwise transfers from the replicas to the new GPUs;
 - Destroy: drop the model and optimizer (only a redundant copy; TransitionError otherwise).
-Sources are freed only after every transfer of the primitive has completed; a failed or timed
-out transfer raises CommunicationError and leaves the source units intact.
+Local copies run while the transfers are in flight. Sources are freed only after every transfer
+of the primitive has completed; a failed or timed out transfer raises CommunicationError and
+leaves the source units intact.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nereus.emu.boxes import Box
 from nereus.emu.primitives import Destroy, Extend, Merge, Split, destroy
+from nereus.emu.shards import shards_at
 from nereus.emu.transfer import Move, TransferPlan, combine_plans
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.groups import TransitionGroup, transition_group, unit_groups
-from nereus.runtime.pack import pack, unpack
+from nereus.runtime.pack import PairMessages, box_is_contiguous, pack, pair_messages, unpack
 from nereus.runtime.state import FIELDS, Counters, UnitState, new_unit_state
 from nereus.spec.model import ModelSpec
 
@@ -41,6 +47,7 @@ def _view(t: torch.Tensor, box: Box) -> torch.Tensor:
 
 
 META_VALUES = 5  # updates, model-stage version, policy version, position p, Adam step
+PACKED_TAG, META_TAG, DIRECT_TAG0 = 0, 1, 2  # message tags of a pair; direct item k: 2 + k
 
 
 def meta_of(s: UnitState) -> torch.Tensor:
@@ -49,70 +56,187 @@ def meta_of(s: UnitState) -> torch.Tensor:
                          round(s.step_value())], dtype=torch.int64)
 
 
+@functools.lru_cache(maxsize=4096)
+def _local_shapes(spec: ModelSpec, emu: Emu, gpu: int) -> dict[str, tuple[int, ...]]:
+    pp_rank, tp_rank = divmod(emu.gpus.index(gpu), emu.layout.tp)
+    return {s.local_key: s.local_shape for s in shards_at(spec, emu.layout, pp_rank, tp_rank)}
+
+
+def _pair(spec: ModelSpec, plan: TransferPlan, src_gpu: int, dst_gpu: int,
+          nfields: int) -> tuple[list[tuple[Move, int]], PairMessages]:
+    """The items (move, field index) from ``src_gpu`` to ``dst_gpu`` and their messages; both
+    ends compute the same from the plan."""
+    moves = plan.sends(src_gpu, dst_gpu)
+    items = [(m, f) for m in moves for f in range(nfields)]
+    contiguous = [box_is_contiguous(
+        m.src_box, _local_shapes(spec, plan.sources[m.src_unit], src_gpu)[m.src_key])
+        for m, _ in items]
+    return items, pair_messages([m.values for m, _ in items], contiguous)
+
+
+def block_contributions(plan: TransferPlan, block: Sequence[int]
+                        ) -> tuple[tuple[Move, ...], ...] | None:
+    """Per member of ``block``: the moves it sends to each other member, if the source slices
+    are the same for every receiver (so one all-gather delivers them); else None."""
+    out: list[tuple[Move, ...]] = []
+    for i in block:
+        others = [j for j in block if j != i]
+        sent = [plan.sends(i, j) for j in others]
+        keys = {tuple((m.src_unit, m.src_key, m.src_box) for m in s) for s in sent}
+        if len(keys) != 1:
+            return None
+        out.append(sent[0])
+    return tuple(out)
+
+
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+def _comm_error(global_rank: int, doing: str, timeout_s: float,
+                e: BaseException) -> CommunicationError:
+    first = str(e).splitlines()[0] if str(e) else repr(e)
+    return CommunicationError(f"rank {global_rank}: {doing} failed (timeout {timeout_s:g} s): "
+                              f"{first}")
+
+
 def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitState | None],
-                 targets: Sequence[UnitState | None], group: TransitionGroup | None
+                 targets: Sequence[UnitState | None], group: TransitionGroup | None,
+                 gathers: Sequence[tuple[tuple[int, ...], TransitionGroup | None]] = ()
                  ) -> torch.Tensor | None:
     """Run ``plan`` on this rank: ``sources[i]`` / ``targets[j]`` are this rank's states of
     plan.sources[i] / plan.targets[j] (None where the rank holds no part).
 
-    Besides the shards, a target GPU holding no source receives the counters and Adam step
-    (:data:`META_VALUES` int64) from its lowest-id sender; returned as a tensor (else None)."""
+    Moves between members of a block in ``gathers`` (block, the block's group on its members)
+    travel by one all-gather in that block (:func:`block_contributions` must hold); every other
+    non-local move pairwise over ``group``. Besides the shards, a target GPU holding no source
+    receives the counters and Adam step (:data:`META_VALUES` int64) from its lowest-id sender;
+    returned as a tensor (else None)."""
     src_gpus = {g for e in plan.sources for g in e.gpus}
+    held = next((s for s in [*sources, *targets] if s is not None), None)
+    if held is None:
+        return None
+    spec = held.spec
     my_src = next((s for s in sources if s is not None), None)
     fields = FIELDS[:plan.fields]
     src_t = [s.tensors() if s is not None else None for s in sources]
     dst_t = [t.tensors() if t is not None else None for t in targets]
 
-    def src_view(m: Move, f: str) -> torch.Tensor:
-        held = src_t[m.src_unit]
-        assert held is not None
-        return _view(held[f][m.src_key], m.src_box)
+    def src_view(m: Move, f: int) -> torch.Tensor:
+        tensors = src_t[m.src_unit]
+        assert tensors is not None
+        return _view(tensors[fields[f]][m.src_key], m.src_box)
 
-    def dst_view(m: Move, f: str) -> torch.Tensor:
-        held = dst_t[m.dst_unit]
-        assert held is not None
-        return _view(held[f][m.dst_key], m.dst_box)
+    def dst_view(m: Move, f: int) -> torch.Tensor:
+        tensors = dst_t[m.dst_unit]
+        assert tensors is not None
+        return _view(tensors[fields[f]][m.dst_key], m.dst_box)
 
-    send_to, recv_from = plan.peers(global_rank)
+    block_of = {g: b for b, _ in gathers for g in b}
+
+    def pairwise(a: int, b: int) -> bool:
+        return a != b and not (a in block_of and block_of.get(b) == block_of[a])
+
+    send_to = sorted({m.dst_gpu for m in plan.moves
+                      if m.src_gpu == global_rank and pairwise(global_rank, m.dst_gpu)})
+    recv_from = sorted({m.src_gpu for m in plan.moves
+                        if m.dst_gpu == global_rank and pairwise(m.src_gpu, global_rank)})
     meta: torch.Tensor | None = None
-    works: list[tuple[str, int, dist.Work]] = []
-    recv_bufs: dict[int, torch.Tensor] = {}
-    if send_to or recv_from:
-        if group is None:
-            raise TransitionError(f"rank {global_rank} must transfer but has no transition group")
-        current = "posting transfers"
-        try:
+    # (what, peer, work, copy after completion or None, timeout) in the order they are waited
+    works: list[tuple[str, int, Any, Callable[[], None] | None, float]] = []
+    keep: list[torch.Tensor] = []  # buffers that must outlive their work
+    current = "posting transfers"
+    timeout_s = group.timeout_s if group is not None else 0.0
+    try:
+        if send_to or recv_from:
+            if group is None:
+                raise TransitionError(
+                    f"rank {global_rank} must transfer but has no transition group")
             for peer in send_to:
-                buf = pack([src_view(m, f) for m in plan.sends(global_rank, peer) for f in fields])
-                works.append(("send to", peer, group.pg.send([buf], group.group_rank(peer), 0)))
-                if peer not in src_gpus and min(plan.peers(peer)[1]) == global_rank:
+                items, msgs = _pair(spec, plan, global_rank, peer, len(fields))
+                dest = group.group_rank(peer)
+                for k, i in enumerate(msgs.direct):
+                    view = src_view(*items[i])
+                    assert view.is_contiguous()
+                    works.append(("send to", peer, group.pg.send([view], dest, DIRECT_TAG0 + k),
+                                  None, timeout_s))
+                if msgs.packed:
+                    buf = pack([src_view(*items[i]) for i in msgs.packed])
+                    keep.append(buf)
+                    works.append(("send to", peer, group.pg.send([buf], dest, PACKED_TAG), None,
+                                  timeout_s))
+                peer_from = sorted({m.src_gpu for m in plan.moves
+                                    if m.dst_gpu == peer and m.src_gpu != peer})
+                if peer not in src_gpus and peer_from[0] == global_rank:
                     assert my_src is not None
-                    works.append(("send meta to", peer,
-                                  group.pg.send([meta_of(my_src)], group.group_rank(peer), 1)))
+                    works.append(("send meta to", peer, group.pg.send(
+                        [meta_of(my_src)], dest, META_TAG), None, timeout_s))
             for peer in recv_from:
-                n = sum(m.values for m in plan.sends(peer, global_rank)) * len(fields)
-                recv_bufs[peer] = torch.empty(n, dtype=torch.float32)
-                works.append(("recv from", peer,
-                              group.pg.recv([recv_bufs[peer]], group.group_rank(peer), 0)))
+                items, msgs = _pair(spec, plan, peer, global_rank, len(fields))
+                frm = group.group_rank(peer)
+                for k, i in enumerate(msgs.direct):
+                    view = dst_view(*items[i])
+                    post: Callable[[], None] | None = None
+                    if not view.is_contiguous():
+                        tmp = torch.empty(view.shape, dtype=view.dtype)
+                        post = functools.partial(_copy_into, view, tmp)
+                        view = tmp
+                    works.append(("recv from", peer, group.pg.recv([view], frm, DIRECT_TAG0 + k),
+                                  post, timeout_s))
+                if msgs.packed:
+                    views = [dst_view(*items[i]) for i in msgs.packed]
+                    buf = torch.empty(sum(v.numel() for v in views), dtype=views[0].dtype)
+                    works.append(("recv from", peer, group.pg.recv([buf], frm, PACKED_TAG),
+                                  functools.partial(unpack, buf, views), timeout_s))
             if recv_from and global_rank not in src_gpus:
                 meta = torch.empty(META_VALUES, dtype=torch.int64)
-                works.append(("recv meta from", recv_from[0],
-                              group.pg.recv([meta], group.group_rank(recv_from[0]), 1)))
-            for doing, peer, w in works:
-                current = f"{doing} rank {peer}"
-                w.wait(timedelta(seconds=group.timeout_s))
-        except (RuntimeError, dist.DistError) as e:
-            first = str(e).splitlines()[0] if str(e) else repr(e)
-            raise CommunicationError(
-                f"rank {global_rank}: {current} failed (timeout {group.timeout_s:g} s): {first}"
-            ) from e
+                works.append(("recv meta from", recv_from[0], group.pg.recv(
+                    [meta], group.group_rank(recv_from[0]), META_TAG), None, timeout_s))
+        for block, bgroup in gathers:
+            if global_rank in block and bgroup is not None:
+                current = f"all-gather in block {block}"
+                works.append(_post_gather(plan, block, bgroup, global_rank, len(fields),
+                                          src_view, dst_view))
+    except (RuntimeError, dist.DistError) as e:
+        raise _comm_error(global_rank, current, timeout_s, e) from e
     with torch.no_grad():
-        for m in plan.sends(global_rank, global_rank):
-            for f in fields:
+        for m in plan.sends(global_rank, global_rank):  # overlaps the transfers in flight
+            for f in range(len(fields)):
                 dst_view(m, f).copy_(src_view(m, f))
-        for peer, buf in recv_bufs.items():
-            unpack(buf, [dst_view(m, f) for m in plan.sends(peer, global_rank) for f in fields])
+        for doing, peer, w, post, wait_s in works:
+            try:
+                w.wait(timedelta(seconds=wait_s))
+            except (RuntimeError, dist.DistError) as e:
+                what = doing if peer < 0 else f"{doing} rank {peer}"
+                raise _comm_error(global_rank, what, wait_s, e) from e
+            if post is not None:
+                post()
     return meta
+
+
+def _post_gather(plan: TransferPlan, block: tuple[int, ...], bgroup: TransitionGroup,
+                 global_rank: int, nfields: int, src_view: Callable[[Move, int], torch.Tensor],
+                 dst_view: Callable[[Move, int], torch.Tensor]
+                 ) -> tuple[str, int, Any, Callable[[], None], float]:
+    """Post this member's all-gather of ``block`` (equal slots, zero-padded to the largest)."""
+    contrib = block_contributions(plan, block)
+    if contrib is None:
+        raise TransitionError(f"block {block} is not one all-gather")
+    sizes = [sum(m.values for m in c) * nfields for c in contrib]
+    slot = max(sizes)
+    me = block.index(global_rank)
+    mine = pack([src_view(m, f) for m in contrib[me] for f in range(nfields)], length=slot)
+    out = torch.empty(slot * len(block), dtype=mine.dtype)
+    work = bgroup.pg._allgather_base(out, mine)
+
+    def scatter() -> None:
+        for i, src_gpu in enumerate(block):
+            if src_gpu != global_rank:
+                moves = plan.sends(src_gpu, global_rank)
+                unpack(out[i * slot:i * slot + sizes[i]],
+                       [dst_view(m, f) for m in moves for f in range(nfields)])
+
+    return (f"all-gather in block {block}", -1, work, scatter, bgroup.timeout_s)
 
 
 class Executor:
@@ -130,6 +254,9 @@ class Executor:
         self.units: Units = {}
         self._seq = 0
         self.last_transfer_s = 0.0  # wall time of the last plan execution on this rank
+        # Split blocks as one gloo all-gather each instead of pairwise sends inside the block:
+        # off, gloo's all-gather measured 2-4x slower than the pairwise sends (RESULTS.md)
+        self.split_allgather = False
 
     def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0,
                initialize: bool = True) -> None:
@@ -139,16 +266,40 @@ class Executor:
             self.units[emu] = new_unit_state(self.spec, emu, self.global_rank, groups, lr=self.lr,
                                              step=step, counters=counters, initialize=initialize)
 
-    def _group(self, plan: TransferPlan) -> TransitionGroup | None:
+    def _group(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]] = ()
+               ) -> TransitionGroup | None:
+        """The pairwise group: the GPUs of the non-local moves not inside one of ``blocks``."""
         self._seq += 1
-        members = tuple(sorted({m.src_gpu for m in plan.moves if not m.is_local}
-                               | {m.dst_gpu for m in plan.moves if not m.is_local}))
+        block_of = {g: b for b in blocks for g in b}
+        pairwise = [m for m in plan.moves if not m.is_local
+                    and not (m.src_gpu in block_of and block_of.get(m.dst_gpu) == block_of[m.src_gpu])]
+        members = tuple(sorted({m.src_gpu for m in pairwise} | {m.dst_gpu for m in pairwise}))
         if self.global_rank not in members:
             return None
         return transition_group(self.store, f"{self.namespace}/{self._seq}", members,
                                 self.global_rank, self.timeout_s)
 
-    def _transfer(self, plan: TransferPlan) -> list[UnitState | None]:
+    def _gathers(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]]
+                 ) -> list[tuple[tuple[int, ...], TransitionGroup | None]]:
+        """The Split blocks that move data as one all-gather, each with its group (joined by
+        the block's members only; None elsewhere). Call after :meth:`_group` (same sequence)."""
+        if not self.split_allgather:
+            return []
+        out: list[tuple[tuple[int, ...], TransitionGroup | None]] = []
+        for block in blocks:
+            inner = [m for m in plan.moves if not m.is_local
+                     and m.src_gpu in block and m.dst_gpu in block]
+            if len(block) < 2 or not inner or block_contributions(plan, block) is None:
+                continue
+            group = None
+            if self.global_rank in block:
+                group = transition_group(self.store, f"{self.namespace}/{self._seq}/gather"
+                                         f"{block[0]}", block, self.global_rank, self.timeout_s)
+            out.append((block, group))
+        return out
+
+    def _transfer(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]] = ()
+                  ) -> list[UnitState | None]:
         """Create the target units, fill them from the sources; sources untouched."""
         ref = next((self.units[e] for e in plan.sources if e in self.units), None)
         counters, step = None, 0.0
@@ -161,10 +312,13 @@ class Executor:
             pending.append(None if groups is None else new_unit_state(
                 self.spec, emu, self.global_rank, groups, lr=self.lr, step=step,
                 counters=counters, initialize=False))
-        group = self._group(plan)
+        gather_blocks = [b for b in blocks if self.split_allgather
+                         and block_contributions(plan, b) is not None]
+        group = self._group(plan, gather_blocks)
+        gathers = self._gathers(plan, gather_blocks)
         t0 = time.perf_counter()
         meta = execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
-                            pending, group)
+                            pending, group, gathers)
         if meta is not None:
             c = Counters(*(int(v) for v in meta[:4]))
             for st in pending:
@@ -184,7 +338,7 @@ class Executor:
                 self.units[emu] = st
 
     def split(self, op: Split) -> None:
-        made = self._transfer(op.plan)
+        made = self._transfer(op.plan, op.blocks())
         self._install(op.plan, made, [op.source])
 
     def merge(self, op: Merge) -> None:
@@ -198,7 +352,8 @@ class Executor:
     def concurrent(self, ops: Sequence[Split | Merge | Extend]) -> None:
         """Run several transfer primitives as one pass (all their pairs at once)."""
         plan = combine_plans([op.plan for op in ops])
-        made = self._transfer(plan)
+        made = self._transfer(plan, [b for op in ops if isinstance(op, Split)
+                                     for b in op.blocks()])
         drop: list[Emu] = []
         for op in ops:
             if isinstance(op, Split):
