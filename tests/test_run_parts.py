@@ -56,6 +56,11 @@ def test_example_events_parse_and_cli_overrides_drop_those_outside_the_run() -> 
     ({}, {"ranks": 6}, "--ranks"),
     ({}, {"ranks": 1}, "--ranks"),
     ({"inject_failure": {"rank": 9}}, {}, "runtime.inject_failure.rank"),
+    ({"capacity_drop": {"at_step": 8, "memory_per_rank_gb": 0.05}}, {},
+     "runtime.capacity_drop.at_step"),
+    ({"capacity_drop": {"at_step": 1, "memory_per_rank_gb": 0.5}}, {},
+     "runtime.capacity_drop.memory_per_rank_gb"),
+    ({"capacity_drop": {"at_step": 1, "gb": 0.05}}, {}, "runtime.capacity_drop.gb"),
 ])
 def test_runtime_errors_name_the_field(runtime: dict[str, object], kw: dict[str, int],
                                        field: str) -> None:
@@ -77,6 +82,24 @@ def test_memory_account_counts_real_bytes_and_reports_oom() -> None:
     acc.observe("actor-gen", 1500, 600)
     peak, events = acc.take()
     assert peak == 2100 and [(e.global_rank, e.model_stage) for e in events] == [(3, "actor-gen")]
+
+
+def test_run_account_adds_the_planner_reserve_and_applies_the_capacity_drop() -> None:
+    from nereus.cost.memory import CPU_WORKSPACE_BYTES
+    from nereus.runtime.memory import account_for_run
+
+    rc, setup = _parse({"memory_per_rank_gb": 0.0808,
+                        "capacity_drop": {"at_step": 2, "memory_per_rank_gb": 0.07}})
+    assert rc.capacity_drop == (2, 0.07) and RunConfig.from_dict(rc.to_dict()) == rc
+    acc = account_for_run(1, setup, rc.capacity_drop)  # type: ignore[arg-type]
+    assert acc.capacity_bytes == 80_800_000 and acc.reserve_bytes == CPU_WORKSPACE_BYTES
+    used = 5_000_000  # 67.1 MB + 5 MB: under 80.8 MB, over 70 MB
+    for step in range(4):
+        acc.begin_step(step)
+        acc.observe("actor-train", used)
+        peak, events = acc.take()
+        assert peak == CPU_WORKSPACE_BYTES + used
+        assert [e.capacity_bytes for e in events] == ([70_000_000] if step >= 2 else [])
 
 
 def test_loss_sums_over_microbatches_equal_the_minibatch_token_mean() -> None:
