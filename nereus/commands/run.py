@@ -78,7 +78,8 @@ def mpiexec_command(ranks: int, worker_args: list[str],
     local = all(_is_this_host(h) for h in hosts)
     spec = LaunchSpec(argv=(sys.executable, "-m", "nereus.runtime.worker", *worker_args),
                       ntasks=ranks, cpu_bind="none", nodelist=() if local else tuple(hosts),
-                      env=(("OMP_NUM_THREADS", "1"), ("PYTHONWARNINGS", "ignore")))
+                      env=(("OMP_NUM_THREADS", "1"), ("PYTHONWARNINGS", "ignore")),
+                      ulfm=True)  # survivors of dead ranks go on (nereus.runtime.failure)
     return mpiexec_argv(spec, "openmpi")
 
 

@@ -1,0 +1,324 @@
+"""Carrying on after ranks died: the survivors rebuild the job on what is left (effectful).
+
+``nereus run`` hands every rank a :class:`FailureHandler`. While the job runs, the handler keeps
+this rank's last two safe boundaries (:mod:`nereus.runtime.failure_state`), a replica of the
+controller (rank 0 broadcasts its controller, step rows and counters after every step, so any
+survivor can take over) and writes the periodic checkpoint. When a step or a plan change raises
+on a rank, the worker calls :meth:`FailureHandler.survive` on every survivor:
+
+1. revoke and shrink the MPI communicator (:func:`nereus.runtime.failure.shrink`); nobody lost →
+   the error is fatal as before;
+2. drop the data plane: this plan's units and the torch.distributed default group (its
+   TCPStore lived on rank 0, which may be dead);
+3. renumber: the survivors are GPUs ``0..n-1`` of a smaller virtual cluster in their old order
+   (so GPU id = MPI rank = torch rank again, and whole surviving nodes stay whole nodes);
+4. agree on a boundary and assemble every model-stage's global state from a replica that
+   survived; a frozen copy whose trained source survived (actor-gen ← actor-train,
+   critic-inf ← critic-train) is rebuilt from it; anything else lost → the newest checkpoint
+   (``runtime.failures.checkpoint_every``), or one clear error when there is none;
+5. the lowest survivor (rank 0 of the new communicator) becomes the controller and replans on
+   the urgent path for the surviving pool.
+
+The worker then runs the rest of the job from that boundary on the new plan: a new rendezvous
+generation hosted by the lowest survivor, new units, the same step loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nereus.runtime.checkpoint import latest_global, save_global
+from nereus.runtime.failure import RankFailure, shrink, ulfm_enabled
+from nereus.runtime.failure_state import (
+    BoundaryBook,
+    agree_boundary,
+    gather_survivors,
+    take_boundary,
+)
+from nereus.runtime.state import FIELDS, Counters
+from nereus.spec.job import Setup
+from nereus.spec.plan import ExecutionPlan
+
+# A frozen model-stage that holds a copy of a trained one after every step's weight sync.
+COPIES = {"actor-gen": "actor-train", "critic-inf": "critic-train"}
+
+
+@dataclass
+class Resume:
+    """What the survivors carry into the rest of the job."""
+
+    setup: Setup  # on the survivors' renumbered cluster
+    rc: Any  # RunConfig with events renumbered
+    plan: ExecutionPlan
+    globs: dict[str, Any]
+    counters: dict[str, tuple[Counters, float]]
+    step: int  # the next step to run
+    generation: int
+    ctl: Any = None  # RankZeroController on the new rank 0
+    recorder: Any = None  # RunRecorder on the new rank 0
+    event: dict[str, Any] = field(default_factory=dict)  # logged once the units exist
+    t_detect: float = 0.0  # time.time() when this rank saw the failure
+
+
+def survivor_setup(setup: Setup, alive: tuple[int, ...]) -> tuple[Setup, dict[int, int]]:
+    """The setup on the survivors renumbered ``0..n-1`` (in old order), and old → new ids."""
+    gpn = setup.cluster.gpus_per_node
+    renumber = {old: new for new, old in enumerate(sorted(alive))}
+    nodes = -(-len(alive) // gpn)
+    return replace(setup, cluster=replace(setup.cluster, nodes=nodes)), renumber
+
+
+def _node_map(setup: Setup, renumber: dict[int, int]) -> dict[int, int]:
+    """Old node → new node, for nodes all of whose GPUs survived."""
+    gpn = setup.cluster.gpus_per_node
+    out = {}
+    for node in range(setup.cluster.nodes):
+        gpus = range(node * gpn, (node + 1) * gpn)
+        if all(g in renumber for g in gpus):
+            out[node] = renumber[node * gpn] // gpn
+    return out
+
+
+class FailureHandler:
+    """Per-rank failure bookkeeping for ``nereus run`` (see the module docstring)."""
+
+    def __init__(self, comm: Any, log_path: str) -> None:
+        self.enabled = ulfm_enabled(comm)
+        import faulthandler
+
+        with contextlib.suppress(Exception):  # `kill -USR1 <pid>` prints every thread's stack
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        self.log_path = log_path
+        self.original = tuple(range(comm.Get_size()))  # current rank → original global rank
+        self.generation = 0
+        self.book = BoundaryBook()
+        self.replica: bytes | None = None
+        self.resume: Resume | None = None
+        self.units: Any = None
+        self.setup: Setup | None = None
+        self.rc: Any = None
+        self.cfg: Any = None
+        self.ctl: Any = None
+        self.recorder: Any = None
+        self.version = 0
+        self.leader = False  # rank 0 of the survivors (after a failure)
+        self._armed: set[tuple[int, str]] = set()
+
+    # -- while the job runs ------------------------------------------------------------------
+
+    def watch(self, setup: Setup, rc: Any, cfg: Any, ctl: Any, recorder: Any) -> None:
+        self.setup, self.rc, self.cfg, self.ctl, self.recorder = setup, rc, cfg, ctl, recorder
+
+    def start_state(self, globs: dict[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, tuple[Counters, float]], int]:
+        """(global state, counters, first step): the survivors' boundary after a failure, the
+        newest checkpoint of ``failures.resume``, or ``globs`` (the initial state) at step 0."""
+        if self.resume is not None:
+            return self.resume.globs, self.resume.counters, self.resume.step
+        if self.rc.failures.resume:
+            ck = latest_global(self.rc.failures.resume)
+            if ck is None:
+                raise RankFailure(f"runtime.failures.resume: no checkpoint in "
+                                  f"{self.rc.failures.resume}")
+            if self.recorder is not None:
+                self.recorder.log.log_event(0, "restart", {"from_checkpoint": ck[0],
+                                                           "step": ck[1]})
+            return ck[2], ck[3], ck[1]
+        return globs, {}, 0
+
+    def boundary(self, units: Any, step: int, version: int) -> None:
+        """Record the state before ``step`` on plan ``version`` (once per key)."""
+        self.units, self.version = units, version
+        if not self.book.kept or self.book.latest() != (step, version):
+            self.book.record(take_boundary(units, step, version))
+
+    def replicate(self, plane: Any) -> None:
+        """Rank 0 sends its controller, step rows and counters; the others keep them."""
+        blob = None
+        if plane.is_root and self.ctl is not None and self.recorder is not None:
+            r = self.recorder
+            blob = pickle.dumps((self.ctl, r.rows, r.transitions, r.transition_s))
+        self.replica = plane.comm.bcast(blob, root=plane.root)
+
+    def checkpoint(self, plane: Any, step: int) -> None:
+        """Every ``checkpoint_every`` steps: the state before ``step``, written by rank 0."""
+        every = self.rc.failures.checkpoint_every
+        if not every or step % every or step >= self.rc.steps:
+            return
+        assert self.setup is not None
+        b = self.book.at((step, self.version))
+        globs, counters, _ = gather_survivors(self.setup, b, plane.comm,
+                                              self.setup.cluster.all_gpus())
+        if plane.is_root:
+            path = save_global(self.checkpoint_dir(), step, globs, counters)
+            if self.recorder is not None:
+                self.recorder.log.log_event(step - 1, "checkpoint", {"path": path, "step": step})
+
+    def checkpoint_dir(self) -> str:
+        return self.rc.failures.checkpoint_dir or f"{self.log_path}.ckpt"
+
+    def arm(self, rank: int, step: int, phase: str) -> None:
+        """Injected deaths: every rank of the chosen original node kills itself (SIGKILL)."""
+        if self.rc is None or (step, phase) in self._armed:
+            return
+        assert self.setup is not None
+        gpn = self.setup.cluster.gpus_per_node
+        kills = self.rc.failures.kills_at(self.original[rank] // gpn, step, phase)
+        if not kills:
+            return
+        self._armed.add((step, phase))
+        delay_s, path = kills[0].after_s, f"{self.log_path}.kills"
+
+        def die() -> None:
+            time.sleep(delay_s)
+            with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"{self.original[rank]} {time.time():.6f}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=die, daemon=True).start()
+
+    # -- after a failure ---------------------------------------------------------------------
+
+    def survive(self, comm: Any, rank: int, exc: BaseException) -> tuple[Any, Resume] | None:
+        """Every survivor: the survivors' communicator and what to resume, or None when no rank
+        died (the error is then this job's own, and fatal)."""
+        if not self.enabled or self.units is None or self.setup is None:
+            return None
+        t_detect = time.time()
+        surv = shrink(comm, rank, tuple(range(comm.Get_size())))
+        if not surv.lost:
+            return None
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):
+            self.units.destroy()
+        self.units = None
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        new_comm = surv.comm
+        if list(surv.gpus) != sorted(surv.gpus):
+            raise RankFailure(f"Comm.Shrink reordered the survivors: {surv.gpus}")
+        is_root = self.leader = new_comm.Get_rank() == 0
+        b = agree_boundary(self.book, new_comm)
+        setup, renumber = survivor_setup(self.setup, surv.gpus)
+        lost_original = [self.original[g] for g in surv.lost]
+        self.original = tuple(self.original[g] for g in sorted(surv.gpus))
+        globs, counters, lost = gather_survivors(self.setup, b, new_comm, surv.gpus)
+        for copy, src in COPIES.items():
+            if copy in lost and src in globs:
+                lost.remove(copy)
+                param = globs[src]["param"]
+                globs[copy] = {f: {t: (a if f == "param" else a * 0) for t, a in param.items()}
+                               for f in FIELDS}
+        step, restored = b.step, "replicas"
+        if lost:
+            ck = latest_global(self.checkpoint_dir())
+            if ck is None:
+                raise RankFailure(
+                    f"ranks {lost_original} died with every replica of {', '.join(lost)} and "
+                    "there is no checkpoint to resume from (set runtime.failures.checkpoint_every)")
+            restored, step, globs, counters = ck[0], ck[1], ck[2], ck[3]
+        node_map = _node_map(self.setup, renumber)
+        rc = replace(self.rc, events=tuple(replace(e, node=node_map[e.node])
+                                           for e in self.rc.events if e.node in node_map))
+        self.generation += 1
+        res = Resume(setup, rc, b.plan, globs, counters, step, self.generation,
+                     t_detect=t_detect)
+        err, plan_d = "", None
+        if is_root:
+            try:
+                plan_d = self._take_over(res, renumber, lost_original, restored, surv.shrink_s)
+            except Exception as e:  # told to every survivor below
+                err = f"{type(e).__name__}: {e}"
+        plan_d, err = new_comm.bcast((plan_d, err), root=0)
+        if err:
+            raise RankFailure(err)
+        res.plan = ExecutionPlan.from_dict(plan_d)
+        self.book = BoundaryBook()
+        self.resume = res
+        return new_comm, res
+
+    def _take_over(self, res: Resume, renumber: dict[int, int], lost_original: list[int],
+                   restored: str, shrink_s: float) -> dict[str, Any]:
+        """Rank 0 of the survivors: the controller (from the replica when rank 0 died) replans
+        on the urgent path for the surviving pool; the run log carries on."""
+        from nereus.control.controller import ControllerState, controller_step
+        from nereus.control.signals import Observation
+        from nereus.runtime.controller_rank import RankZeroController, decision_dict
+        from nereus.runtime.run_log import RunRecorder
+
+        old, recorder = self.ctl, self.recorder
+        rows, transitions, transition_s = (recorder.rows, recorder.transitions,
+                                           recorder.transition_s) if recorder else ([], 0, 0.0)
+        if old is None:  # rank 0 died: its last replica
+            if self.replica is None:
+                raise RankFailure("the controller rank died before any step finished")
+            old, rows, transitions, transition_s = pickle.loads(self.replica)
+        completed = len(rows)
+        rows = [r for r in rows if r["step"] < res.step]
+        ctl = RankZeroController(res.setup, old.adapt, static=old.static)
+        ctl.calib, ctl.layouts = old.calib, old.layouts
+        ctl.set_pool([renumber[g] for g in old.pool if g in renumber])
+        last = rows[-1] if rows else None
+        job = res.setup.job
+        obs = Observation(res.step, last["len"] if last else float(job.gen_len),
+                          last["len"] if last else float(job.gen_len_p95 or job.gen_len),
+                          ctl.pool)
+        ctl.state, d = controller_step(ControllerState(), obs, ctl.setup.job.controller,
+                                       ctl.port())
+        if ctl.state.plan is None and ctl.layouts is not None:
+            ctl.layouts = None  # the fixed layouts fit nowhere on the survivors
+            ctl.state, d = controller_step(ControllerState(), obs, ctl.setup.job.controller,
+                                           ctl.port())
+        if ctl.state.plan is None:
+            reason = d.admission.reason if d.admission else "no plan"
+            raise RankFailure(f"ranks {lost_original} died and no plan fits the "
+                              f"{len(ctl.pool)} surviving ranks: {reason}")
+        if recorder is None:
+            base, ext = os.path.splitext(self.log_path)
+            recorder = RunRecorder(f"{base}.after-failure-{res.generation}{ext or '.h5'}",
+                                   res.setup, res.rc, self.cfg, ctl.state.plan)
+        recorder.rows, recorder.transitions = rows, transitions
+        recorder.transition_s = transition_s
+        recorder.setup, recorder.rc = res.setup, res.rc
+        res.ctl, res.recorder = ctl, recorder
+        res.event = {"lost_ranks": lost_original, "survivors": list(self.original),
+                     "resume_step": res.step, "steps_lost": max(0, completed - res.step),
+                     "restored_from": restored, "shrink_s": shrink_s,
+                     "decision": decision_dict(d), "log": self.log_path}
+        return ctl.state.plan.to_dict()
+
+    def resumed(self, plan: ExecutionPlan, globs: dict[str, Any]) -> None:
+        """Rank 0, once the survivors' units exist: log the failure and the urgent change."""
+        res = self.resume
+        if res is None or res.recorder is None:
+            return
+        moved_bytes = sum(int(a.nbytes) for g in globs.values() for d in g.values()
+                          for a in d.values())
+        from nereus.runtime.controller_rank import plan_label
+
+        now = time.time()
+        ev = {**res.event, "detect_unix_s": res.t_detect, "resumed_unix_s": now,
+              "recover_s": now - res.t_detect}
+        rec = res.recorder
+        step = max(res.step - 1, 0)
+        rec.log.log_event(step, "rank-failure", ev)
+        # The survivors' plan: an urgent replan (any executable plan, profitability waived).
+        rec.log.log_replan(step, "rank-failure", ev["decision"], 0.0, None)
+        rec.log.log_admission(step, True, "urgent", f"ranks {ev['lost_ranks']} died", 0.0,
+                              now - res.t_detect, 0.0)
+        if ev["restored_from"] != "replicas":
+            rec.log.log_event(step, "restart", {"from_checkpoint": ev["restored_from"],
+                                                "step": res.step})
+        rec.transition(step, {"kind": "urgent", "predicted_s": 0.0}, plan, now - res.t_detect,
+                       moved_bytes, [])
+        rec.console.print(f"  ranks {ev['lost_ranks']} died: {len(ev['survivors'])} survivors "
+                          f"resume at step {res.step + 1} on {plan_label(plan)} "
+                          f"(state from {ev['restored_from']}, {ev['recover_s']:.2f} s)")
