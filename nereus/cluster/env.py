@@ -148,3 +148,47 @@ def parse_job_environment(env: Mapping[str, str]) -> JobEnvironment:
 def from_os_environ() -> JobEnvironment:
     """The job environment of this process."""
     return parse_job_environment(os.environ)
+
+
+# Handed from ``nereus run`` (a Slurm task) to the ranks it starts with mpiexec, whose
+# environment must not carry SLURM_* (mpiexec would then ask srun for its daemons).
+WATCH_JOB, WATCH_CONF, WATCH_NODES = "NEREUS_WATCH_SLURM_JOB", "NEREUS_WATCH_SLURM_CONF", \
+    "NEREUS_WATCH_SLURM_NODES"
+
+
+def watch_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """What the ranks need to watch this Slurm job (job id, slurm.conf, step nodes), or {}."""
+    job = parse_job_environment(env)
+    if not job.slurm_job_id:
+        return {}
+    out = {WATCH_JOB: job.slurm_job_id, WATCH_NODES: ",".join(job.step_nodes or job.job_nodes)}
+    if env.get("SLURM_CONF"):
+        out[WATCH_CONF] = env["SLURM_CONF"]
+    return out
+
+
+@dataclass(frozen=True)
+class WatchTarget:
+    """The Slurm job whose allocation a rank watches, its nodes in rank order, and the
+    environment Slurm's commands need (``SLURM_CONF`` of a non-default cluster)."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    command_env: tuple[tuple[str, str], ...]
+
+
+def watch_target(env: Mapping[str, str]) -> WatchTarget | None:
+    """From the variables :func:`watch_variables` handed over, or this process's own Slurm job."""
+    if env.get(WATCH_JOB):
+        job_id, nodes = env[WATCH_JOB], tuple(n for n in env.get(WATCH_NODES, "").split(",") if n)
+        conf = env.get(WATCH_CONF, "")
+    else:
+        job = parse_job_environment(env)
+        if not job.slurm_job_id:
+            return None
+        job_id, nodes, conf = job.slurm_job_id, job.step_nodes or job.job_nodes, \
+            env.get("SLURM_CONF", "")
+    command_env = {k: v for k, v in env.items() if not k.startswith("NEREUS_WATCH_")}
+    if conf:
+        command_env["SLURM_CONF"] = conf
+    return WatchTarget(job_id, nodes, tuple(sorted(command_env.items())))

@@ -120,7 +120,7 @@ def _as_task(args: argparse.Namespace, world_size: int) -> int:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from nereus.cluster.env import from_os_environ
+    from nereus.cluster.env import from_os_environ, watch_variables
     from nereus.runtime.worker import ERROR_MARK, EXIT_CONFIG, EXIT_INFEASIBLE
 
     job_env = from_os_environ()
@@ -149,6 +149,7 @@ def handler(args: argparse.Namespace) -> int:
             # Inside a Slurm step on this host: without the SLURM_* variables mpiexec starts
             # the ranks itself instead of asking srun for daemons (which the step blocks).
             env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+            env.update(watch_variables(os.environ))  # rank 0 still watches the allocation
         stdout = sys.stderr if args.json else None
         proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)

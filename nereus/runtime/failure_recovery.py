@@ -110,6 +110,7 @@ class FailureHandler:
         self.version = 0
         self.leader = False  # rank 0 of the survivors (after a failure)
         self._armed: set[tuple[int, str]] = set()
+        self._cluster: Any = None  # ClusterEvents under Slurm (rank 0), False elsewhere
 
     # -- while the job runs ------------------------------------------------------------------
 
@@ -146,6 +147,23 @@ class FailureHandler:
             r = self.recorder
             blob = pickle.dumps((self.ctl, r.rows, r.transitions, r.transition_s))
         self.replica = plane.comm.bcast(blob, root=plane.root)
+
+    def cluster_events(self, plane: Any, step: int) -> None:
+        """Rank 0 under Slurm: nodes the allocation lost become ``remove_node`` events of this
+        step (``nereus.runtime.cluster_events``)."""
+        if not plane.is_root or self.recorder is None or self.setup is None:
+            return
+        if self._cluster is None:
+            from nereus.cluster.env import watch_target
+            from nereus.runtime.cluster_events import ClusterEvents
+
+            target = watch_target(os.environ)
+            self._cluster = ClusterEvents(target) if target is not None else False
+        if self._cluster:
+            from nereus.runtime.cluster_events import node_indices
+
+            self._cluster.apply(self.recorder, step,
+                                node_indices(self._cluster.target, self.setup.cluster.nodes))
 
     def checkpoint(self, plane: Any, step: int) -> None:
         """Every ``checkpoint_every`` steps: the state before ``step``, written by rank 0."""

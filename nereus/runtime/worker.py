@@ -221,6 +221,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         target_d: dict[str, Any] | None = None
         if plane.is_root:
             assert ctl is not None and recorder is not None and gathered is not None
+            ft.cluster_events(plane, step)  # under Slurm: nodes the allocation lost
             target_d = recorder.after_step(step, gathered, ctl, units.plan)
         msg = plane.broadcast(Message("plan", plane.next_seq(), {"target": target_d})
                               if plane.is_root else None)
