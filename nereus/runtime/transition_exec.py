@@ -4,9 +4,10 @@ This is the in-process checkpoint/restart path of DESIGN.md §2.1 (urgent fallba
 state Λ of every model-stage — parameters, Adam moments, counters — is read from one complete
 replica (one whose ranks are all still in the pool when there is one), all-gathered over MPI,
 the old plan's units and process groups are destroyed and the new plan's are built from it.
-It is exact (the same global values in a new layout) and needs no transition DAG, so it runs for
-every plan the planner proposes, co-resident or not. DAG execution with the EMU primitives
-(Split/Merge/Extend/Destroy) is not wired into this runtime yet.
+It is exact (the same global values in a new layout) and needs no transition DAG. Plan changes
+normally run as a transition DAG of EMU primitives (:mod:`nereus.runtime.plan_change`); this path
+is the fallback when no DAG exists (the last replica of a model-stage left the pool, or no order
+fits memory) and the checkpoint-restart-in-process baseline the benchmarks compare against.
 
 In this emulation a removed node's ranks keep running (they only leave the pool); when every
 replica of a model-stage sat on removed ranks, its state is still read from them and the event

@@ -3,9 +3,9 @@
 Every rank builds the process groups of every unit of the plan in plan order (``dist.new_group``
 is collective), then the Megatron models of the units it belongs to, filled from a *global*
 logical state (field → tensor name → array). Layout-independent by construction: the initial
-state is drawn once at tp=1 (``initial_global``) and any later plan is installed from the state
-gathered out of the running one (``gather_global``) — the checkpoint/restart-in-process path,
-used for every plan change in this version (see ``nereus.runtime.worker``). DP replicas of a
+state is drawn once at tp=1 (``initial_global``). A later plan adopts the units a transition DAG
+left on this rank (``adopted``: :mod:`nereus.runtime.plan_change`), or — the fallback — is
+installed from the state gathered out of the running one (:mod:`nereus.runtime.transition_exec`). DP replicas of a
 trainable model-stage all-reduce gradients over one gloo group per (pp, tp) position. The
 per-step weight sync (actor-train → actor-gen, critic-train → critic-inf) runs through the EMU
 transfer machinery (``nereus.runtime.primitives.Executor.weight_sync``).
