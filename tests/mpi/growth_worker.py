@@ -1,0 +1,38 @@
+"""2 ranks spawn 2 more at a boundary; all 4 form one communicator and one torch.distributed
+group (a new rendezvous generation) and sum their ranks; every rank prints GROWN <rank> <sum>."""
+
+from __future__ import annotations
+
+import sys
+
+from mpi4py import MPI
+
+from nereus.runtime.control_plane import ControlPlane
+from nereus.runtime.growth import Links, join_parent, spawn_joiners
+from nereus.runtime.rendezvous import rendezvous
+
+
+def main() -> int:
+    import torch
+    import torch.distributed as dist
+
+    links = Links()
+    comm = join_parent(links)
+    joined = comm is not None
+    if comm is None:  # an original rank: a first generation of its own, then grow
+        world = MPI.COMM_WORLD
+        rendezvous(ControlPlane(world), generation=0, timeout_s=30.0, address="127.0.0.1")
+        dist.destroy_process_group()  # the default group cannot take new members
+        comm = spawn_joiners(world, 2, [sys.executable, __file__], links)
+    plane = ControlPlane(comm)
+    rendezvous(plane, generation=1, timeout_s=30.0, address="127.0.0.1")
+    x = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(x)
+    print(f"GROWN {comm.Get_rank()} {int(x.item())} joined={joined}", flush=True)
+    dist.destroy_process_group()
+    links.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
