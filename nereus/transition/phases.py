@@ -74,34 +74,76 @@ def worst_bytes(by_stage: dict[str, list[Phase]], anc: list[int], limit: int | N
                 ) -> tuple[int, list[tuple[str, Phase]]]:
     """The largest sum of pairwise unordered phases (one per model-stage at most) and the
     (model-stage, phase) pairs that make it; ``anc[i]`` is the bitset of the strict ancestors of
-    primitive i. Stops at the first sum above ``limit``."""
-    stages = [(m, sorted((ph for ph in seq if ph.nbytes > 0), key=lambda ph: -ph.nbytes))
-              for m, seq in sorted(by_stage.items())]
-    stages = [(m, seq) for m, seq in stages if seq]
-    tops = [seq[0].nbytes for _, seq in stages]
-    rest = [sum(tops[k:]) for k in range(len(tops) + 1)]
+    primitive i. With ``limit``: the first sum above it, or at most ``limit`` when none is (the
+    search then skips what cannot exceed it)."""
+    flat: list[tuple[int, Phase]] = []  # (stage number, phase), stages in name order
+    for k, m in enumerate(sorted(by_stage)):
+        flat += [(k, ph) for ph in _merged(by_stage[m]) if ph.nbytes > 0]
+    names = sorted(by_stage)
+    if limit is not None and flat:  # drop phases too small to take part in a sum above it
+        top: dict[int, int] = {}
+        for k, ph in flat:
+            top[k] = max(top.get(k, 0), ph.nbytes)
+        everything = sum(top.values())
+        flat = [(k, ph) for k, ph in flat if ph.nbytes + everything - top[k] > limit]
+    # bit j of ok[i]: phases i and j (of different stages) may be active together
+    ok = [0] * len(flat)
+    ends = [1 << ph.until if ph.until >= 0 else 0 for _, ph in flat]  # the phase ends at
+    starts = [anc[ph.after] if ph.after >= 0 else 0 for _, ph in flat]  # it begins after these
+    for i, (ki, _) in enumerate(flat):
+        end_i, start_i = ends[i], starts[i]
+        for j in range(i + 1, len(flat)):
+            if flat[j][0] != ki and not (starts[j] & end_i or start_i & ends[j]):
+                ok[i] |= 1 << j
+                ok[j] |= 1 << i
+    per_stage: list[list[int]] = [[] for _ in names]
+    for i, (k, _) in enumerate(flat):
+        per_stage[k].append(i)
+    for idx in per_stage:
+        idx.sort(key=lambda i: -flat[i][1].nbytes)
+    stages = [idx for idx in per_stage if idx]
     best_bytes = 0
-    best: list[tuple[str, Phase]] = []
+    best: list[int] = []
+    floor = -1 if limit is None else limit  # a branch that cannot pass it is cut
 
-    def visit(k: int, chosen: list[tuple[str, Phase]], total: int) -> bool:
+    def bound(k: int, allowed: int) -> int:
+        total = 0
+        for idx in stages[k:]:
+            for i in idx:
+                if (allowed >> i) & 1:
+                    total += flat[i][1].nbytes
+                    break
+        return total
+
+    def visit(k: int, chosen: list[int], allowed: int, total: int) -> bool:
         nonlocal best_bytes, best
-        if total + rest[k] <= best_bytes:
+        if total + bound(k, allowed) <= max(best_bytes, floor):
             return False
         if k == len(stages):
             best_bytes, best = total, list(chosen)
             return limit is not None and total > limit
-        m, seq = stages[k]
-        for ph in seq:
-            if all(unordered(ph, other, anc) for _, other in chosen):
-                chosen.append((m, ph))
-                stop = visit(k + 1, chosen, total + ph.nbytes)
+        for i in stages[k]:
+            if (allowed >> i) & 1:
+                chosen.append(i)
+                stop = visit(k + 1, chosen, allowed & ok[i], total + flat[i][1].nbytes)
                 chosen.pop()
                 if stop:
                     return True
-        return visit(k + 1, chosen, total)
+        return visit(k + 1, chosen, allowed, total)
 
-    visit(0, [], 0)
-    return best_bytes, best
+    visit(0, [], (1 << len(flat)) - 1, 0)
+    return best_bytes, [(names[flat[i][0]], flat[i][1]) for i in best]
+
+
+def _merged(seq: list[Phase]) -> list[Phase]:
+    """Consecutive phases of equal bytes as one (the same interval of that many bytes)."""
+    out: list[Phase] = []
+    for ph in seq:
+        if out and out[-1].nbytes == ph.nbytes:
+            out[-1] = Phase(ph.nbytes, out[-1].after, ph.until)
+        else:
+            out.append(ph)
+    return out
 
 
 def before(x: Phase, y: Phase, anc: list[int]) -> bool:
