@@ -26,7 +26,6 @@ from nereus.spec.model import MODEL_PRESETS, ModelSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition.compile import compile_plans
 from nereus.transition.primitives import (
-    GROUPINGS,
     Destroy,
     Extend,
     Merge,
@@ -35,8 +34,8 @@ from nereus.transition.primitives import (
     model_replicated_sizer,
     model_state_sizer,
     replicated_params,
-    sub_units,
 )
+from nereus.transition.regions import GROUPINGS, sub_units
 from nereus.transition.validate import validate_dag
 
 ROUNDING_BYTES = 2  # per analytic flow

@@ -12,16 +12,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from nereus.emu.unit import Emu, Layout
-from nereus.transition.primitives import (
+from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split, record
+from nereus.transition.regions import (
     GROUPINGS,
-    Destroy,
-    Extend,
-    Merge,
-    Primitive,
-    Split,
     groupings_differ,
     new_emu,
-    record,
     sub_unit_gpus,
     sub_units,
 )
