@@ -50,6 +50,12 @@ def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> Non
     assert all(set(loss) == {"actor-train", "critic-train"} for loss in summary["losses"])
     assert all(np.isfinite(v) for loss in summary["losses"] for v in loss.values())
     assert "step   3/3" in res.stderr  # the live progress line (stdout goes to stderr with --json)
+    # The embedded task is learned: a random policy already scores (partial credit), and within
+    # three PPO steps (lr 0.005, 4 updates each) the rewarded responses get longer — seed 0
+    # measured 0.44 → 0.61 → 1.98 reward and 6.7 → 9.8 → 29.6 tokens; the bound leaves room.
+    rewards, lengths = summary["rewards"], summary["lengths"]
+    assert 0.1 < rewards[0] < 1.0
+    assert rewards[2] > 1.5 * rewards[0] and lengths[2] > 1.5 * lengths[0], (rewards, lengths)
     rep = nereus("report", str(log), "--json", "--no-plots")
     assert rep.returncode == 0, rep.stderr
     data = json.loads(rep.stdout)
@@ -72,6 +78,7 @@ def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: P
     Adam's normalized step m/(√v+ε) of an element whose gradient is near ε can differ by up to
     lr per step under a different reduction order (seen: one element in 4096 off by 1.4e-5)."""
     two_by_two = "cluster: {nodes: 2, gpus_per_node: 2"
+    async_ppo = "mode: async"  # the trainers change layout; actor-gen has 1 GPU in async plans
     runs = {
         "base": (two_by_two, "{steps: 3, adapt: false, save_state: %s}"),
         "forced": (two_by_two, "{steps: 3, save_state: %s, force_transitions: ["
@@ -79,12 +86,18 @@ def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: P
                    "{at_step: 1, layouts: {actor-train: [1, 1], critic-train: [1, 1]}}]}"),
         "removal": ("cluster: {nodes: 4, gpus_per_node: 1",
                     "{steps: 3, save_state: %s, events: [{at_step: 0, remove_node: 3}]}"),
+        "async-base": (two_by_two, "{steps: 3, adapt: false, save_state: %s}"),
+        "async-forced": (two_by_two, "{steps: 3, save_state: %s, force_transitions: ["
+                         "{at_step: 0, layouts: {actor-train: [1, 1]}}, "
+                         "{at_step: 1, layouts: {critic-train: [2, 1]}}]}"),
     }
     out = {}
     for name, (cluster, runtime) in runs.items():
         cfg = tmp_path / f"{name}.yaml"
-        cfg.write_text(SMALL.replace("cluster: {nodes: 4, gpus_per_node: 1", cluster)
-                       + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        text = SMALL.replace("cluster: {nodes: 4, gpus_per_node: 1", cluster)
+        if name.startswith("async"):
+            text = text.replace("mode: sync", async_ppo)
+        cfg.write_text(text + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
         res = nereus("run", str(cfg), "--log", str(tmp_path / f"{name}.h5"), "--json")
         assert res.returncode == 0, res.stderr[-3000:]
         out[name] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -92,24 +105,49 @@ def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: P
     assert b["transitions"] == 0 and len(set(b["plans"])) == 1
     assert out["forced"]["transitions"] == 2 and len(set(out["forced"]["plans"])) == 3
     assert out["removal"]["transitions"] == 1 and len(set(out["removal"]["plans"])) == 2
-    xb = np.load(tmp_path / "base.npz")
-    assert any(k.startswith("actor-train/") for k in xb.files)
-    for name in ("forced", "removal"):
-        m = out[name]
-        assert b["rewards"] == m["rewards"] and b["lengths"] == m["lengths"], name
-        for lb, lm in zip(b["losses"], m["losses"], strict=True):
-            for k in lb:
-                assert lm[k] == pytest.approx(lb[k], rel=1e-4, abs=1e-7), (name, k)
-        xm = np.load(tmp_path / f"{name}.npz")
-        assert set(xb.files) == set(xm.files)
-        diff2 = ref2 = 0.0
-        for k in xb.files:
-            d = xm[k].astype(np.float64) - xb[k]
-            assert np.abs(d).max() <= 3 * ADAM_LR, (name, k)  # Adam moves ≤ lr per step
-            diff2 += float((d * d).sum())
-            ref2 += float((xb[k].astype(np.float64) ** 2).sum())
-        assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
+    from nereus.log.reader import read_run_log
+
+    for name in ("forced", "removal"):  # the transition DAG's primitives ran on the ranks
+        dags = read_run_log(tmp_path / f"{name}.h5").tables["transitions"]["dag"]
+        assert [d["executor"] for d in dags] == ["dag"] * len(dags), (name, list(dags))
+    assert out["async-forced"]["transitions"] == 2, out["async-forced"]["plans"]
+    assert len(set(out["async-forced"]["plans"])) == 3
+    for base, name in (("base", "forced"), ("base", "removal"), ("async-base", "async-forced")):
+        _assert_same_training(tmp_path, out, base, name)
     assert b["losses"][0] != b["losses"][2]  # training moved the models
+    _assert_async_is_one_step_off_policy(b, out["async-base"])
+
+
+def _assert_same_training(tmp_path: Path, out: dict[str, dict[str, Any]], base: str,
+                          name: str) -> None:
+    """Same samples, rewards and lengths; losses to rel 1e-4; parameters as documented in
+    the PPO test."""
+    b, m = out[base], out[name]
+    assert b["rewards"] == m["rewards"] and b["lengths"] == m["lengths"], name
+    for lb, lm in zip(b["losses"], m["losses"], strict=True):
+        for k in lb:
+            assert lm[k] == pytest.approx(lb[k], rel=1e-4, abs=1e-7), (name, k)
+    xb, xm = np.load(tmp_path / f"{base}.npz"), np.load(tmp_path / f"{name}.npz")
+    assert any(k.startswith("actor-train/") for k in xb.files)
+    assert set(xb.files) == set(xm.files)
+    diff2 = ref2 = 0.0
+    for k in xb.files:
+        d = xm[k].astype(np.float64) - xb[k]
+        assert np.abs(d).max() <= 3 * ADAM_LR, (name, k)  # Adam moves ≤ lr per step
+        diff2 += float((d * d).sum())
+        ref2 += float((xb[k].astype(np.float64) ** 2).sum())
+    assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
+
+
+def _assert_async_is_one_step_off_policy(sync: dict[str, Any], asyn: dict[str, Any]) -> None:
+    """Step 0 trains the same batch from the same weights in both modes (losses agree up to
+    reduction order: the plans differ); from step 1 on async trains batches sampled with the
+    weights of one step earlier, so the losses differ."""
+    for k, v in sync["losses"][0].items():
+        assert asyn["losses"][0][k] == pytest.approx(v, rel=1e-4, abs=1e-7), k
+    assert sync["lengths"][0] == asyn["lengths"][0]
+    assert all(asyn["losses"][1][k] != pytest.approx(v, rel=1e-3)
+               for k, v in sync["losses"][1].items()), (sync["losses"][1], asyn["losses"][1])
 
 
 def test_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -152,10 +190,10 @@ def test_rank_failing_at_start_ends_every_rank_with_one_error(tmp_path: Path) ->
 
 
 CRITIC_FREE = """
-job: {algorithm: ALGO, mode: sync, global_batch: 4, samples_per_prompt: N, minibatches: 2,
+job: {algorithm: ALGO, mode: MODE, global_batch: 4, samples_per_prompt: N, minibatches: 2,
       prompt_len: 8, gen_len: 12, reward_model: true}
 models: {actor: tiny-gpt, reference: tiny-gpt, reward: tiny-gpt}
-cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
+cluster: {nodes: 1, gpus_per_node: GPUS, gpu: cpu, memory_per_gpu_gb: 0.5}
 """
 
 
@@ -163,34 +201,92 @@ cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
 @pytest.mark.parametrize(("algo", "n"), [("grpo", 2), ("remax", 1)])
 def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
         tmp_path: Path, algo: str, n: int) -> None:
-    """GRPO (group of 2) and ReMax (greedy baseline) on 2 ranks: actor-train and actor-gen
-    switch between tp=2 and dp=2 after step 0; same tolerances as the PPO test. The reward is
-    the reward model's score: the task reward of an untrained policy is 0 everywhere, which makes
-    every advantage 0 and lets Adam blow reduction-order noise (~1e-11 gradients) up to full
+    """GRPO (group of 2) and ReMax (greedy baseline). Sync on 2 ranks: actor-train and
+    actor-gen switch between tp=2 and dp=2 after step 0. Async on 4 ranks (actor-gen needs GPUs
+    of its own beside the inference lane): actor-gen goes to tp=2 after step 0, actor-train to
+    tp=1 (dp 2) after step 1; the batch generated ahead crosses both transitions. Same
+    tolerances as the PPO test. The reward is the reward model's score: the task reward of an
+    untrained tiny-gpt (128-token vocabulary, 5 of them letters) is 0 almost everywhere, which
+    makes advantages 0 and lets Adam blow reduction-order noise (~1e-11 gradients) up to full
     lr-sized steps — a degenerate case, not a semantics check."""
     out: dict[str, dict[str, Any]] = {}
-    for name, runtime in (
-            ("base", "{steps: 2, adapt: false, reward: model, save_state: %s}"),
-            ("forced", "{steps: 2, adapt: false, reward: model, save_state: %s, "
-                       "force_transitions: [{at_step: 0, "
-                       "layouts: {actor-train: [TP, 1], actor-gen: [TP, 1]}}]}")):
+    runs = (
+        ("base", "sync", 2, "{steps: 2, adapt: false, reward: model, save_state: %s}"),
+        ("forced", "sync", 2, "{steps: 2, adapt: false, reward: model, save_state: %s, "
+         "force_transitions: [{at_step: 0, layouts: {actor-train: [TP, 1], actor-gen: [TP, 1]}}]}"),
+        ("async-base", "async", 4, "{steps: 3, adapt: false, reward: model, save_state: %s}"),
+        ("async-forced", "async", 4, "{steps: 3, adapt: false, reward: model, save_state: %s, "
+         "force_transitions: [{at_step: 0, layouts: {actor-gen: [2, 1]}}, "
+         "{at_step: 1, layouts: {actor-train: [1, 1]}}]}"),
+    )
+    for name, mode, gpus, runtime in runs:
         cfg = tmp_path / f"{name}.yaml"
-        cfg.write_text(CRITIC_FREE.replace("ALGO", algo).replace("N", str(n))
-                       + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        text = (CRITIC_FREE.replace("ALGO", algo).replace("N", str(n)).replace("MODE", mode)
+                .replace("GPUS", str(gpus)))
+        cfg.write_text(text + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
         if name == "forced":  # the other layout than the baseline's initial one
             tp = 1 if out["base"]["plans"][0].split()[-1].endswith(".2.1") else 2
             cfg.write_text(cfg.read_text().replace("TP", str(tp)))
         res = nereus("run", str(cfg), "--log", str(tmp_path / f"{name}.h5"), "--json")
         assert res.returncode == 0, res.stderr[-3000:]
         out[name] = json.loads(res.stdout.strip().splitlines()[-1])
-    b, m = out["base"], out["forced"]
-    assert m["transitions"] == 1 and m["plans"][0] != m["plans"][1], m["plans"]
-    assert b["lengths"] == m["lengths"]
-    assert m["rewards"] == pytest.approx(b["rewards"], rel=1e-5, abs=1e-7)
-    for lb, lm in zip(b["losses"], m["losses"], strict=True):
-        assert set(lb) == {"actor-train"} and lb["actor-train"] != 0.0
-        assert lm["actor-train"] == pytest.approx(lb["actor-train"], rel=1e-4, abs=1e-7)
-    xb, xm = np.load(tmp_path / "base.npz"), np.load(tmp_path / "forced.npz")
-    diff2 = sum(float(((xm[k].astype(np.float64) - xb[k]) ** 2).sum()) for k in xb.files)
-    ref2 = sum(float((xb[k].astype(np.float64) ** 2).sum()) for k in xb.files)
-    assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5
+    assert out["forced"]["transitions"] == 1, out["forced"]["plans"]
+    assert out["async-forced"]["transitions"] == 2, out["async-forced"]["plans"]
+    assert len(set(out["async-forced"]["plans"])) == 3
+    for base, name in (("base", "forced"), ("async-base", "async-forced")):
+        b, m = out[base], out[name]
+        assert b["lengths"] == m["lengths"]
+        assert m["rewards"] == pytest.approx(b["rewards"], rel=1e-5, abs=1e-7)
+        for lb, lm in zip(b["losses"], m["losses"], strict=True):
+            assert set(lb) == {"actor-train"} and lb["actor-train"] != 0.0
+            assert lm["actor-train"] == pytest.approx(lb["actor-train"], rel=1e-4, abs=1e-7)
+        xb, xm = np.load(tmp_path / f"{base}.npz"), np.load(tmp_path / f"{name}.npz")
+        diff2 = sum(float(((xm[k].astype(np.float64) - xb[k]) ** 2).sum()) for k in xb.files)
+        ref2 = sum(float((xb[k].astype(np.float64) ** 2).sum()) for k in xb.files)
+        assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
+    _assert_async_is_one_step_off_policy(out["base"], out["async-base"])
+
+
+OOM = """
+job: {algorithm: grpo, mode: sync, global_batch: 4, samples_per_prompt: 2, minibatches: 1,
+      prompt_len: 8, gen_len: 8, reward_model: false}
+models: {actor: {preset: tiny-gpt, vocab_size: 8}, reference: {preset: tiny-gpt, vocab_size: 8}}
+cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
+controller: {memory_headroom: 0.01}
+runtime: {steps: 3, max_new_tokens: 16, capacity_drop: {at_step: 1, memory_per_rank_gb: 0.077}}
+"""
+
+
+def test_capacity_drop_is_an_oom_the_controller_handles_on_the_urgent_path(
+        tmp_path: Path) -> None:
+    """GRPO on 2 ranks (actor-gen, ref-inf, actor-train on both, dp 2). Each rank holds
+    77.7 MB by its account — 67.1 MB the planner's workspace reserve plus 10.6 MB of real
+    fp32 tensors (three models, Adam state, KV cache) — where the planner predicted 72.0 MB.
+    From step 1 on the devices offer 77.0 MB: the account sees real bytes over the capacity,
+    the OOM events tell rank 0 the new capacity and the measured/predicted ratio (1.08), the
+    current plan is then infeasible and the urgent path moves actor-train to a layout that
+    splits its state (pp or tp 2; real bytes ~72.5 MB) — and step 2 runs with no OOM."""
+    cfg = tmp_path / "oom.yaml"
+    cfg.write_text(OOM)
+    log = tmp_path / "oom.h5"
+    res = nereus("run", str(cfg), "--log", str(log), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["transitions"] == 1, summary["plans"]
+    assert summary["plans"][1] == summary["plans"][0] != summary["plans"][2]
+    assert "aT2.1.1" in summary["plans"][0] and "aT1." in summary["plans"][2]
+    from nereus.log.reader import read_run_log
+
+    run = read_run_log(log)
+    ev = run.events
+    ooms = [(int(s), d) for s, k, d in zip(ev["step"], ev["kind"], ev["detail"], strict=True)
+            if k == "oom"]
+    assert ooms and {s for s, _ in ooms} == {1}  # only in the step of the drop
+    assert {d["global_rank"] for _, d in ooms} == {0, 1}
+    assert all(d["capacity_bytes"] == 77_000_000 < d["peak_bytes"] for _, d in ooms)
+    assert "capacity-change" in list(ev["kind"])
+    adm = run.tables["admissions"]
+    assert list(adm["step"]) == [1] and list(adm["path"]) == ["urgent"] and adm["admitted"][0]
+    mem = run.tables["gpu_memory"]
+    last = [int(b) for s, b in zip(mem["step"], mem["peak_bytes"], strict=True) if s == 2]
+    assert last and max(last) <= 77_000_000  # the new plan fits the smaller devices
