@@ -7,8 +7,8 @@ shifting so that model-stages take over each other's GPUs) and "co-resident" (as
 places a synchronous workflow: each phase — gen, inf, train — spans the whole pool, model-stages
 of one phase on disjoint GPUs, phases sharing GPUs; the conflict relation is
 ``Workflow.concurrent``). Ours = compile + cost, what the controller runs per replan (median of
-repeats, wall and CPU time); validation (exhaustive over interleavings, run in tests) is timed
-separately. The exact scheduler is a time-capped MILP over the same primitives and forced
+repeats, wall and CPU time, and the best CPU time: on a loaded machine the least disturbed run);
+validation (exhaustive over interleavings, run in tests) is timed separately. The exact scheduler is a time-capped MILP over the same primitives and forced
 precedences; gap = our simulated makespan vs. the MILP's.
 
 (b) Overlap: 100 trials per overlap type with random placements of the current and target plans
@@ -167,6 +167,7 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
         "placement": placement, "gpus": n, "primitives": len(dag.primitives),
         "resource_edges": len(dag.resource_edges),
         "ours_ms": round(_median(wall), 3), "ours_cpu_ms": round(_median(cpu), 3),
+        "ours_cpu_best_ms": round(min(cpu) * 1e3, 3),
         "compile_ms": round(_median([p[0] for p in parts]), 3),
         "cost_ms": round(_median([p[1] for p in parts]), 3),
         "validate_ms": round(_median([p[2] for p in parts]), 3),
@@ -239,12 +240,14 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>8} {'cpu ms':>7} "
+          f"{'best':>7} "
           f"{'compile/cost':>14} {'valid ms':>9} "
           f"{'exact ms':>10} {'opt':>4} {'L_tran s':>9} {'ours s':>8} {'exact s':>8} {'gap %':>6}")
     for r in planning:
         split = f"{r['compile_ms']}/{r['cost_ms']}"
         print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} "
-              f"{r['ours_ms']:>8} {r['ours_cpu_ms']:>7} {split:>14} {r['validate_ms']:>9} "
+              f"{r['ours_ms']:>8} {r['ours_cpu_ms']:>7} {r['ours_cpu_best_ms']:>7} {split:>14} "
+              f"{r['validate_ms']:>9} "
               f"{r['exact_ms']:>10} {r['exact_optimal']!s:>4} {r['cost_s']:>9} "
               f"{r['ours_makespan_s']:>8} {r['exact_makespan_s']!s:>8} {r['gap_pct']!s:>6}")
     print()
