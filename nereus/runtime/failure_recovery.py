@@ -235,7 +235,7 @@ class FailureHandler:
                 param = globs[src]["param"]
                 globs[copy] = {f: {t: (a if f == "param" else a * 0) for t, a in param.items()}
                                for f in FIELDS}
-        step, restored = b.step, "replicas"
+        step, restored, lost_stages = b.step, "replicas", list(lost)
         if lost:
             ck = latest_global(self.checkpoint_dir())
             if ck is None:
@@ -248,12 +248,14 @@ class FailureHandler:
                                            for e in self.rc.events if e.node in node_map))
         self.generation += 1
         res = Resume(setup, rc, b.plan, globs, counters, step, self.generation,
-                     t_detect=t_detect)
+                     event={"lost_stages": lost_stages}, t_detect=t_detect)
         err, plan_d = "", None
         if is_root:
             try:
                 plan_d = self._take_over(res, renumber, lost_original, restored, surv.shrink_s)
-            except Exception as e:  # told to every survivor below
+            except RankFailure as e:  # told to every survivor below
+                err = str(e)
+            except Exception as e:
                 err = f"{type(e).__name__}: {e}"
         plan_d, err = new_comm.bcast((plan_d, err), root=0)
         if err:
@@ -307,7 +309,7 @@ class FailureHandler:
         recorder.transition_s = transition_s
         recorder.setup, recorder.rc = res.setup, res.rc
         res.ctl, res.recorder = ctl, recorder
-        res.event = {"lost_ranks": lost_original, "survivors": list(self.original),
+        res.event = {**res.event, "lost_ranks": lost_original, "survivors": list(self.original),
                      "resume_step": res.step, "steps_lost": max(0, completed - res.step),
                      "restored_from": restored, "shrink_s": shrink_s,
                      "decision": decision_dict(d), "log": self.log_path}

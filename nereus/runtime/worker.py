@@ -73,18 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             return _run(args, comm, plane, ft)
-        except CommunicationError as e:  # agreed: every rank has the same message
-            text = str(e)
-            kind = text.split(": ", 1)[1].split("|", 1)[0] if "|" in text else ""
-            msg = text.split("|", 1)[1] if "|" in text else text
-            if plane.is_root:
-                prefix = "infeasible" if kind == "InfeasiblePlanError" else "error"
-                print(f"nereus: {prefix}: {msg}", file=sys.stderr, flush=True)
-            if kind == "InfeasiblePlanError":
-                return EXIT_INFEASIBLE
-            return EXIT_CONFIG if kind in ("ConfigError", "InfeasiblePlanError") else EXIT_RANK
-        except Exception as e:  # ranks died (survive and go on) or this rank failed (fatal)
+        except Exception as e:  # agreed error, ranks died (survive, go on), or this rank failed
             failed: Exception = e
+            if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
+                return _agreed_error(plane, e)
             try:
                 survived = ft.survive(comm, plane.global_rank, e) if secondary(e) else None
             except RankFailure as lost:  # survivors, but state or plan lost: one line, exit
@@ -101,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(0.5)  # let mpiexec forward the line before the abort tears the job down
     comm.Abort(EXIT_RANK)
     return EXIT_RANK
+
+
+def _agreed_error(plane: Any, e: Exception) -> int:
+    """Every rank has the same message (``ControlPlane.agree``): rank 0 prints it."""
+    text = str(e)
+    kind = text.split(": ", 1)[1].split("|", 1)[0] if "|" in text else ""
+    msg = text.split("|", 1)[1] if "|" in text else text
+    if plane.is_root:
+        prefix = "infeasible" if kind == "InfeasiblePlanError" else "error"
+        print(f"nereus: {prefix}: {msg}", file=sys.stderr, flush=True)
+    if kind == "InfeasiblePlanError":
+        return EXIT_INFEASIBLE
+    return EXIT_CONFIG if kind == "ConfigError" else EXIT_RANK
 
 
 def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
