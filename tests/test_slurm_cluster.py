@@ -337,3 +337,59 @@ def test_cpu_template_runs_nereus_run(slurm_cluster: LocalSlurm, tmp_path: Path)
     from nereus.log.reader import read_run_log
 
     assert len(read_run_log(log).steps["step"]) == 4
+
+
+FAILURE_JOB = """
+job: {algorithm: ppo, mode: sync, global_batch: 12, minibatches: 2, prompt_len: 8, gen_len: 16,
+      reward_model: true}
+models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt, reward: tiny-gpt}
+cluster: {nodes: 3, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
+"""
+
+
+@pytest.mark.timeout(480)
+def test_node_down_during_nereus_run_replans_on_two_nodes(slurm_cluster: LocalSlurm,
+                                                          tmp_path: Path) -> None:
+    """slurm/cpu.sbatch on 3 nodes x 2 ranks; after step 1 is logged, `scontrol update
+    nodename=n3 state=down`: rank 0's watcher sees n3 lost, the pool shrinks to nodes n1-n2, the
+    controller replans on the urgent path and the run finishes all its steps there."""
+    from nereus.log.reader import read_run_log
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(FAILURE_JOB + "runtime: {steps: 5}\n")
+    log = tmp_path / "run.h5"
+    res = slurm_cluster.run(
+        "sbatch", "--parsable", f"--output={tmp_path}/out.txt", "--time=00:08:00", "--nodes=3",
+        "--ntasks-per-node=2", str(REPO / "slurm" / "cpu.sbatch"), str(cfg), "--log", str(log))
+    job_id = res.stdout.strip().split(";")[0]
+
+    def steps_logged() -> int:
+        try:
+            return len(read_run_log(log).steps["step"])
+        except Exception:  # not created yet, or caught between writes
+            return 0
+
+    try:
+        wait_for("step 1 in the run log", lambda: steps_logged() >= 1, timeout_s=300)
+        slurm_cluster.run("scontrol", "update", "nodename=n3", "state=down", "reason=test")
+        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED"),
+                        timeout_s=300)
+    finally:
+        slurm_cluster.run("scancel", job_id, check=False)
+        slurm_cluster.resume_all()
+    out = (tmp_path / "out.txt").read_text()
+    assert info.state == "COMPLETED", out[-3000:]
+    run = read_run_log(log)
+    assert list(run.steps["step"]) == [0, 1, 2, 3, 4]
+    kinds = list(run.events["kind"])
+    details = list(run.events["detail"])
+    lost = [d for k, d in zip(kinds, details, strict=True) if k == "slurm-nodes-lost"]
+    assert lost and lost[0]["nodes"] == ["n3"], kinds
+    pool = [(s, d) for s, k, d in zip(run.events["step"], kinds, details, strict=True)
+            if k == "gpu-pool-change"]
+    assert pool and pool[0][1]["pool"] == [0, 1, 2, 3]
+    tr = run.tables["transitions"]
+    after = [plan for s, plan in zip(tr["step"], tr["plan"], strict=True) if s >= pool[0][0]]
+    assert after, "no replan after the pool change"  # the urgent path onto nodes n1-n2
+    assert {g for sp in after[0]["stages"] for r in sp["replicas"] for g in r} <= {0, 1, 2, 3}
+    assert list(run.steps["pool_gpus"])[-1] == 4
