@@ -76,63 +76,90 @@ def worst_bytes(by_stage: dict[str, list[Phase]], anc: list[int], limit: int | N
     (model-stage, phase) pairs that make it; ``anc[i]`` is the bitset of the strict ancestors of
     primitive i. With ``limit``: the first sum above it, or at most ``limit`` when none is (the
     search then skips what cannot exceed it)."""
-    flat: list[tuple[int, Phase]] = []  # (stage number, phase), stages in name order
-    for k, m in enumerate(sorted(by_stage)):
-        flat += [(k, ph) for ph in _merged(by_stage[m]) if ph.nbytes > 0]
-    names = sorted(by_stage)
-    if limit is not None and flat:  # drop phases too small to take part in a sum above it
-        top: dict[int, int] = {}
-        for k, ph in flat:
-            top[k] = max(top.get(k, 0), ph.nbytes)
-        everything = sum(top.values())
-        flat = [(k, ph) for k, ph in flat if ph.nbytes + everything - top[k] > limit]
-    # bit j of ok[i]: phases i and j (of different stages) may be active together
-    ok = [0] * len(flat)
-    ends = [1 << ph.until if ph.until >= 0 else 0 for _, ph in flat]  # the phase ends at
-    starts = [anc[ph.after] if ph.after >= 0 else 0 for _, ph in flat]  # it begins after these
-    for i, (ki, _) in enumerate(flat):
-        end_i, start_i = ends[i], starts[i]
-        for j in range(i + 1, len(flat)):
+    return PhaseSearch(by_stage, anc, limit).worst()
+
+
+class PhaseSearch:
+    """:func:`worst_bytes` for one GPU, kept up to date as edges are added (:meth:`refresh`)."""
+
+    def __init__(self, by_stage: dict[str, list[Phase]], anc: list[int], limit: int | None):
+        self.anc, self.limit = anc, limit
+        self.names = sorted(by_stage)
+        flat: list[tuple[int, Phase]] = []  # (stage number, phase), stages in name order
+        for k, m in enumerate(self.names):
+            flat += [(k, ph) for ph in _merged(by_stage[m]) if ph.nbytes > 0]
+        if limit is not None and flat:  # drop phases too small to take part in a sum above it
+            top: dict[int, int] = {}
+            for k, ph in flat:
+                top[k] = max(top.get(k, 0), ph.nbytes)
+            everything = sum(top.values())
+            flat = [(k, ph) for k, ph in flat if ph.nbytes + everything - top[k] > limit]
+        self.flat = flat
+        self.ends = [1 << ph.until if ph.until >= 0 else 0 for _, ph in flat]  # ends at
+        self.starts = [anc[ph.after] if ph.after >= 0 else 0 for _, ph in flat]  # begins after
+        self.ok = [0] * len(flat)  # bit j of ok[i]: phases i and j may be active together
+        for i in range(len(flat)):
+            self._row(i)
+        per_stage: list[list[int]] = [[] for _ in self.names]
+        for i, (k, _) in enumerate(flat):
+            per_stage[k].append(i)
+        for idx in per_stage:
+            idx.sort(key=lambda i: -flat[i][1].nbytes)
+        self.stages = [idx for idx in per_stage if idx]
+
+    def _row(self, i: int) -> None:
+        flat, ends, starts, ok = self.flat, self.ends, self.starts, self.ok
+        ki, end_i, start_i = flat[i][0], ends[i], starts[i]
+        bit = 1 << i
+        row = 0
+        for j in range(len(flat)):
             if flat[j][0] != ki and not (starts[j] & end_i or start_i & ends[j]):
-                ok[i] |= 1 << j
-                ok[j] |= 1 << i
-    per_stage: list[list[int]] = [[] for _ in names]
-    for i, (k, _) in enumerate(flat):
-        per_stage[k].append(i)
-    for idx in per_stage:
-        idx.sort(key=lambda i: -flat[i][1].nbytes)
-    stages = [idx for idx in per_stage if idx]
-    best_bytes = 0
-    best: list[int] = []
-    floor = -1 if limit is None else limit  # a branch that cannot pass it is cut
+                row |= 1 << j
+                ok[j] |= bit
+            else:
+                ok[j] &= ~bit
+        ok[i] = row
 
-    def bound(k: int, allowed: int) -> int:
-        total = 0
-        for idx in stages[k:]:
-            for i in idx:
+    def refresh(self, changed: set[int]) -> None:
+        """The ancestors of the primitives ``changed`` grew: update the phases they begin."""
+        for i, (_, ph) in enumerate(self.flat):
+            if ph.after in changed:
+                self.starts[i] = self.anc[ph.after]
+                self._row(i)
+
+    def worst(self) -> tuple[int, list[tuple[str, Phase]]]:
+        flat, ok, stages, limit = self.flat, self.ok, self.stages, self.limit
+        best_bytes = 0
+        best: list[int] = []
+        floor = -1 if limit is None else limit  # a branch that cannot pass it is cut
+
+        def bound(k: int, allowed: int) -> int:
+            total = 0
+            for idx in stages[k:]:
+                for i in idx:
+                    if (allowed >> i) & 1:
+                        total += flat[i][1].nbytes
+                        break
+            return total
+
+        def visit(k: int, chosen: list[int], allowed: int, total: int) -> bool:
+            nonlocal best_bytes, best
+            if total + bound(k, allowed) <= max(best_bytes, floor):
+                return False
+            if k == len(stages):
+                best_bytes, best = total, list(chosen)
+                return limit is not None and total > limit
+            for i in stages[k]:
                 if (allowed >> i) & 1:
-                    total += flat[i][1].nbytes
-                    break
-        return total
+                    chosen.append(i)
+                    stop = visit(k + 1, chosen, allowed & ok[i], total + flat[i][1].nbytes)
+                    chosen.pop()
+                    if stop:
+                        return True
+            return visit(k + 1, chosen, allowed, total)
 
-    def visit(k: int, chosen: list[int], allowed: int, total: int) -> bool:
-        nonlocal best_bytes, best
-        if total + bound(k, allowed) <= max(best_bytes, floor):
-            return False
-        if k == len(stages):
-            best_bytes, best = total, list(chosen)
-            return limit is not None and total > limit
-        for i in stages[k]:
-            if (allowed >> i) & 1:
-                chosen.append(i)
-                stop = visit(k + 1, chosen, allowed & ok[i], total + flat[i][1].nbytes)
-                chosen.pop()
-                if stop:
-                    return True
-        return visit(k + 1, chosen, allowed, total)
-
-    visit(0, [], (1 << len(flat)) - 1, 0)
-    return best_bytes, [(names[flat[i][0]], flat[i][1]) for i in best]
+        visit(0, [], (1 << len(flat)) - 1, 0)
+        return best_bytes, [(self.names[flat[i][0]], flat[i][1]) for i in best]
 
 
 def _merged(seq: list[Phase]) -> list[Phase]:
@@ -194,8 +221,9 @@ def order_for_memory(
     failed: list[int] = []
     for g in sorted(gpus):
         limit = limit_bytes(g)
+        search = PhaseSearch(phases[g], anc, limit)
         for _ in range(max_edges_per_gpu):
-            worst, witness = worst_bytes(phases[g], anc, limit)
+            worst, witness = search.worst()
             if worst <= limit:
                 break
             pairs = [(head[x.until] + tail[y.after], pos[y.after] - pos[x.until], x.until,
@@ -211,11 +239,14 @@ def order_for_memory(
             succ[a].append(b)
             bits = anc[a] | (1 << a)
             stack = [b]
+            changed: set[int] = set()
             while stack:
                 d = stack.pop()
                 if anc[d] & bits != bits:
                     anc[d] |= bits
+                    changed.add(d)
                     stack.extend(succ[d])
+            search.refresh(changed)
         else:
             failed.append(g)
     return tuple(added), failed
