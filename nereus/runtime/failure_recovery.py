@@ -265,6 +265,12 @@ class FailureHandler:
         self.resume = res
         return new_comm, res
 
+    def close_log(self, error: str) -> None:
+        """Rank 0: close the run log as failed (the job ends without finishing)."""
+        if self.recorder is not None:
+            with contextlib.suppress(Exception):
+                self.recorder.log.close(clean=False, error=error)
+
     def _take_over(self, res: Resume, renumber: dict[int, int], lost_original: list[int],
                    restored: str, shrink_s: float) -> dict[str, Any]:
         """Rank 0 of the survivors: the controller (from the replica when rank 0 died) replans

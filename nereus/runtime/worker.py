@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             except RankFailure as lost:  # survivors, but state or plan lost: one line, exit
                 if ft.leader:
                     _report(args, plane.global_rank, f"RankFailure: {lost}")
-                return EXIT_RANK
+                ft.close_log(str(lost))
+                sys.stderr.flush()
+                os._exit(EXIT_RANK)  # MPI_Finalize waits forever here with a dead rank
             if survived is None:
                 break
             comm = survived[0]
