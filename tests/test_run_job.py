@@ -67,6 +67,8 @@ def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> Non
     assert np.all(run.steps["step_s"] > 0)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # five runs of 4 ranks: ~3 min on 2 idle cores, more when shared
 def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: Path) -> None:
     """Baseline: 2 nodes x 2 ranks, the initial plan kept. Forced: a TP change of actor-gen after
     step 0 and TP→DP changes of both trainers after step 1. Removal: 4 nodes x 1 rank, node 3
@@ -198,6 +200,7 @@ cluster: {nodes: 1, gpus_per_node: GPUS, gpu: cpu, memory_per_gpu_gb: 0.5}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # four runs of 2 and 4 ranks
 @pytest.mark.parametrize(("algo", "n"), [("grpo", 2), ("remax", 1)])
 def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
         tmp_path: Path, algo: str, n: int) -> None:
