@@ -67,7 +67,6 @@ def _reports(st: Any) -> bool:
     return is_reporter(st)
 
 
-
 def _my_replicas(units: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any, int, Any]]:
     """(name, stage units, dp rank, unit state) of each model-stage in ``names`` that this rank
     holds a replica of, in order."""
@@ -76,6 +75,7 @@ def _my_replicas(units: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any,
         mine = None if su is None else su.my_replica()
         if mine is not None:
             yield name, su, mine[0], mine[1]
+
 
 @dataclass(frozen=True)
 class Rollout:
