@@ -72,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     ft = FailureHandler(comm, args.log)
     while True:
         try:
-            return _run(args, comm, plane, ft)
+            code = _run(args, comm, plane, ft)
+            if ft.generation:  # after a rank died, MPI_Finalize can wait forever: skip it
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            return code
         except Exception as e:  # agreed error, ranks died (survive, go on), or this rank failed
             failed: Exception = e
             if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
