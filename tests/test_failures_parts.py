@@ -1,0 +1,114 @@
+"""The parts of rank-failure survival that need no MPI job: boundary agreement, surviving
+replicas, the survivors' renumbered cluster, the failure config, checkpoint files, and the
+classification of errors as consequences of a dead peer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nereus.errors import ConfigError
+from nereus.runtime.checkpoint import latest_global, save_global
+from nereus.runtime.failure import secondary
+from nereus.runtime.failure_config import Kill, parse_failures
+from nereus.runtime.failure_recovery import _node_map, survivor_setup
+from nereus.runtime.failure_state import Boundary, BoundaryBook, agree_boundary, surviving_replica
+from nereus.runtime.state import Counters
+from nereus.spec.plan import ExecutionPlan, StagePlan
+
+
+@dataclass
+class FakeComm:
+    """``allgather`` over survivors whose contributions are given."""
+
+    others: list[Any]
+
+    def allgather(self, mine: Any) -> list[Any]:
+        return [mine, *self.others]
+
+
+def _boundary(step: int, version: int) -> Boundary:
+    return Boundary(step, version, ExecutionPlan(()), {})
+
+
+def test_book_keeps_two_and_survivors_agree_on_the_older_latest() -> None:
+    book = BoundaryBook()
+    for key in ((0, 0), (1, 0), (1, 1)):
+        book.record(_boundary(*key))
+    assert [b.key for b in book.kept] == [(1, 0), (1, 1)]
+    # Another survivor did not get the plan change: both fall back to (1, 0).
+    assert agree_boundary(book, FakeComm([(1, 0), (1, 1)])).key == (1, 0)
+    assert agree_boundary(book, FakeComm([(1, 1)])).key == (1, 1)
+    with pytest.raises(KeyError):  # never more than one boundary apart
+        agree_boundary(book, FakeComm([(0, 0)]))
+
+
+def _stage(name: str, replicas: tuple[tuple[int, ...], ...], tp: int = 1) -> StagePlan:
+    return StagePlan(name=name, tp=tp, pp=1, dp=len(replicas), micro_batch=1, grad_accum=1,
+                     replicas=replicas)
+
+
+def test_surviving_replica_needs_all_of_its_ranks() -> None:
+    plan = ExecutionPlan((_stage("actor-train", ((0, 1), (2, 3)), tp=2),))
+    assert surviving_replica(plan, "actor-train", (0, 1, 2, 3)) == 0
+    assert surviving_replica(plan, "actor-train", (1, 2, 3)) == 1
+    assert surviving_replica(plan, "actor-train", (0, 3)) is None
+
+
+def test_survivors_are_renumbered_onto_whole_nodes(tmp_path: Path) -> None:
+    from nereus.config.load import load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("job: {algorithm: ppo, mode: sync, global_batch: 12, prompt_len: 8, "
+                   "gen_len: 16, reward_model: false}\n"
+                   "models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt}\n"
+                   "cluster: {nodes: 3, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}\n")
+    setup = load_config(str(cfg)).setup
+    new, renumber = survivor_setup(setup, (0, 1, 4, 5))
+    assert new.cluster.nodes == 2 and new.cluster.gpus_per_node == 2
+    assert renumber == {0: 0, 1: 1, 4: 2, 5: 3}
+    assert _node_map(setup, renumber) == {0: 0, 2: 1}  # node 1 died; node 2 is now node 1
+    assert new.cluster.gpu == setup.cluster.gpu and new.job == setup.job
+
+
+def test_failure_config_checks_kills() -> None:
+    opts = parse_failures({"checkpoint_every": 2, "kill": [
+        {"node": 1, "at_step": 3, "phase": "transition", "after_s": 0.5}]}, nodes=2, steps=5)
+    assert opts.kill == (Kill(1, 3, "transition", 0.5),) and opts.checkpoint_every == 2
+    assert opts.kills_at(1, 3, "transition") and not opts.kills_at(1, 3, "step")
+    for bad, field in (({"kill": [{"node": 2, "at_step": 0}]}, "node"),
+                       ({"kill": [{"node": 0, "at_step": 5}]}, "at_step"),
+                       ({"kill": [{"node": 0, "at_step": 0, "phase": "x"}]}, "phase"),
+                       ({"checkpoint_every": -1}, "checkpoint_every"),
+                       ({"every": 1}, "runtime.failures")):
+        with pytest.raises(ConfigError, match=field):
+            parse_failures(bad, nodes=2, steps=5)
+
+
+def test_checkpoint_round_trip_and_newest_wins(tmp_path: Path) -> None:
+    assert latest_global(str(tmp_path / "none")) is None
+    globs = {"actor-train": {"param": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}}}
+    counters = {"actor-train": (Counters(updates=4, position=4), 4.0)}
+    save_global(str(tmp_path), 2, globs, counters)
+    globs["actor-train"]["param"]["w"] += 1
+    save_global(str(tmp_path), 4, globs, counters)
+    (tmp_path / "step-00000006.npz.part.npz").write_bytes(b"half written")
+    got = latest_global(str(tmp_path))
+    assert got is not None
+    path, step, g, c = got
+    assert step == 4 and path.endswith("step-00000004.npz")
+    np.testing.assert_array_equal(g["actor-train"]["param"]["w"], globs["actor-train"]["param"]["w"])
+    assert c == counters
+
+
+def test_secondary_errors() -> None:
+    from mpi4py import MPI
+
+    assert secondary(MPI.Exception(MPI.ERR_OTHER))
+    assert secondary(RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
+    assert not secondary(RuntimeError("injected failure (runtime.inject_failure) at step 1"))
+    assert not secondary(KeyError("actor-train"))
