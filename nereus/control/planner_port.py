@@ -23,7 +23,7 @@ from nereus.spec.plan import ExecutionPlan
 from nereus.transition.compile import compile_transition
 from nereus.transition.cost import transition_cost_s
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import model_state_sizer
+from nereus.transition.primitives import model_replicated_sizer, model_state_sizer
 
 
 def setup_for(setup: Setup, obs: Observation) -> Setup:
@@ -62,11 +62,10 @@ def compile_dag(
     Raises TransitionError when no DAG exists — including when every replica of some
     model-stage was lost (its state must come from a checkpoint)."""
     wf = setup.job.workflow
-    sizer = model_state_sizer(
-        {ms.name: setup.job.model(ms.role) for ms in wf.model_stages},
-        {ms.name: ms.trainable for ms in wf.model_stages},
-        setup.job.dtype_bytes,
-    )
+    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
+    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
+    sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
+    replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
     source = surviving_units(setup, current, pool)
     lost = sorted({sp.name for sp in current.stages} - {u.model_stage for u in source})
     if lost:
@@ -74,6 +73,7 @@ def compile_dag(
     return compile_transition(
         source, emus_of_plan(target, stage_states(setup)), sizer,
         capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
+        replicated=replicated,
     )
 
 
