@@ -283,9 +283,12 @@ class FailureHandler:
         old, recorder = self.ctl, self.recorder
         rows, transitions, transition_s = (recorder.rows, recorder.transitions,
                                            recorder.transition_s) if recorder else ([], 0, 0.0)
-        if old is None:  # rank 0 died: its last replica
-            if self.replica is None:
-                raise RankFailure("the controller rank died before any step finished")
+        assert self.setup is not None
+        if old is None and self.replica is None:  # rank 0 died before its first replica
+            old = RankZeroController(self.setup, self.rc.adapt,
+                                     static=self.rc.policy == "static")
+            old.initial()  # the fixed layouts of the static policy, as rank 0 had them
+        elif old is None and self.replica is not None:  # rank 0 died: its last replica
             old, rows, transitions, transition_s = pickle.loads(self.replica)
         completed = len(rows)
         rows = [r for r in rows if r["step"] < res.step]
