@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             code = _run(args, comm, plane, ft)
-            if ft.generation:  # after a rank died, MPI_Finalize can wait forever: skip it
+            if ft.enabled:  # under ULFM, with a dead rank MPI_Finalize can wait forever
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
