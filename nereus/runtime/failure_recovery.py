@@ -182,10 +182,16 @@ class FailureHandler:
     def checkpoint_dir(self) -> str:
         return self.rc.failures.checkpoint_dir or f"{self.log_path}.ckpt"
 
+    def _track(self, size: int) -> None:
+        """Ranks that joined later (growth) keep their id at joining as their original id."""
+        if len(self.original) < size:
+            self.original += tuple(range(len(self.original), size))
+
     def arm(self, rank: int, step: int, phase: str) -> None:
         """Injected deaths: every rank of the chosen original node kills itself (SIGKILL)."""
         if self.rc is None or (step, phase) in self._armed:
             return
+        self._track(rank + 1)
         assert self.setup is not None
         gpn = self.setup.cluster.gpus_per_node
         kills = self.rc.failures.kills_at(self.original[rank] // gpn, step, phase)
@@ -210,6 +216,7 @@ class FailureHandler:
         if not self.enabled or self.units is None or self.setup is None:
             return None
         t_detect = time.time()
+        self._track(comm.Get_size())
         surv = shrink(comm, rank, tuple(range(comm.Get_size())))
         if not surv.lost:
             return None
