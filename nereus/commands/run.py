@@ -55,7 +55,9 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     cfg = load_config(args.config)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps)
-    plan, d = RankZeroController(setup, adapt=True).initial()
+    ctl = RankZeroController(setup, adapt=True)
+    ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
+    plan, d = ctl.initial()
     if plan is None:
         reason = d.admission.reason if d.admission else "no plan"
         raise InfeasiblePlanError(f"no plan of {args.config} fits {rc.ranks} ranks of "
@@ -143,7 +145,7 @@ def handler(args: argparse.Namespace) -> int:
         worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
                        "--ranks", str(rc.ranks), "--steps", str(rc.steps),
                        "--summary-json", summary_path]
-        argv = mpiexec_command(rc.ranks, worker_args, hosts)
+        argv = mpiexec_command(rc.start_ranks, worker_args, hosts)
         env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
         if hosts and all(_is_this_host(h) for h in hosts):
             # Inside a Slurm step on this host: without the SLURM_* variables mpiexec starts

@@ -345,6 +345,15 @@ class FailureHandler:
               "recover_s": now - res.t_detect}
         rec = res.recorder
         step = max(res.step - 1, 0)
+        if ev.get("kind") == "growth":  # late nodes' ranks joined (nereus.runtime.growth)
+            rec.log.log_event(step, "gpu-pool-growth", ev)
+            rec.transition(step, {"kind": "growth", "predicted_s": 0.0}, plan, now - res.t_detect,
+                           moved_bytes, [], executor="gather-reload",
+                           dag_detail={"reason": "new ranks spawned: the default group and the "
+                                                 "units were rebuilt from the gathered state"})
+            rec.console.print(f"  ranks {ev['joined_ranks']} joined: resume at step "
+                              f"{res.step + 1} on {plan_label(plan)} ({ev['recover_s']:.2f} s)")
+            return
         rec.log.log_event(step, "rank-failure", ev)
         # The survivors' plan: an urgent replan (any executable plan, profitability waived).
         rec.log.log_replan(step, "rank-failure", ev["decision"], 0.0, None)

@@ -15,12 +15,14 @@ inter-communicator disconnected, newest first); Open MPI crashes in ``MPI_Finali
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nereus.errors import CommunicationError
+from nereus.errors import CommunicationError, TransitionError
 from nereus.spec.job import Setup
+from nereus.spec.plan import ExecutionPlan
 
 
 @dataclass
@@ -36,10 +38,10 @@ class Links:
             inter.Disconnect()
 
 
-def spawn_joiners(comm: Any, n_new: int, argv: Sequence[str], links: Links,
-                  hosts: Sequence[str] = ()) -> Any:
-    """Every current rank: start ``n_new`` ranks running ``argv`` and return the merged
-    communicator (old ranks first, in their order)."""
+def spawn_joiners(comm: Any, n_new: int, argv: Sequence[str], hosts: Sequence[str] = ()
+                  ) -> tuple[Any, Any]:
+    """Every current rank: start ``n_new`` ranks running ``argv``; returns (the merged
+    communicator — old ranks first, in their order —, the inter-communicator)."""
     from mpi4py import MPI
 
     info = MPI.Info.Create()
@@ -51,9 +53,7 @@ def spawn_joiners(comm: Any, n_new: int, argv: Sequence[str], links: Links,
         raise CommunicationError(f"MPI_Comm_spawn of {n_new} ranks failed: {e}") from e
     finally:
         info.Free()
-    merged = inter.Merge(high=False)
-    links.pairs.append((merged, inter))
-    return merged
+    return inter.Merge(high=False), inter
 
 
 def join_parent(links: Links) -> Any | None:
@@ -77,5 +77,61 @@ def grown_setup(setup: Setup, nodes: int) -> Setup:
 
 
 def joiner_argv(worker_argv: Sequence[str]) -> list[str]:
-    """The command line of a joining rank: the same worker, told it joins."""
-    return [sys.executable, "-m", "nereus.runtime.worker", *worker_argv, "--joined"]
+    """The command line of a joining rank: the same worker (it finds its parent job itself)."""
+    return [sys.executable, "-m", "nereus.runtime.worker", *worker_argv]
+
+
+class Grown(Exception):
+    """Raised on every old rank once the late ranks joined: ``_run`` starts again on ``comm``
+    from ``FailureHandler.resume`` (the same restart the survivors of a failure take)."""
+
+    def __init__(self, comm: Any, inter: Any) -> None:
+        super().__init__("grown")
+        self.comm = comm
+        self.inter = inter
+
+
+def grow(comm: Any, units: Any, ft: Any, plan: ExecutionPlan, pool: Sequence[int], step: int, *,
+         worker_argv: Sequence[str]) -> tuple[Any, Any]:
+    """Every running rank, at the boundary after ``step``: the controller's target ``plan`` uses
+    GPUs whose ranks do not exist yet. Gather the global state, drop the data plane, spawn the
+    ranks, hand them the state and return (merged communicator, inter-communicator); the
+    caller raises :class:`Grown`."""
+    import torch.distributed as dist
+
+    from nereus.runtime.failure_recovery import Resume
+    from nereus.runtime.failure_state import BoundaryBook
+    from nereus.runtime.transition_exec import gather_state
+
+    t0 = time.time()
+    world = comm.Get_size()
+    new = sorted(g for g in pool if g >= world)
+    if new != list(range(world, world + len(new))):
+        raise TransitionError(f"late GPUs {new} do not follow the running ranks 0..{world - 1}")
+    globs, counters, _ = gather_state(units, comm, tuple(range(world)))
+    units.destroy()
+    ft.units = None
+    dist.destroy_process_group()  # the default group cannot take new members
+    merged, inter = spawn_joiners(comm, len(new), joiner_argv(worker_argv))
+    first_new = max(ft.original) + 1
+    original = tuple(ft.original) + tuple(range(first_new, first_new + len(new)))
+    generation = ft.generation + 1
+    package = (ft.setup, ft.rc, plan.to_dict(), globs, counters, step + 1, generation, original)
+    merged.bcast(package if merged.Get_rank() == 0 else None, root=0)
+    event = {"kind": "growth", "joined_ranks": new, "resume_step": step + 1,
+             "gathered_bytes": sum(int(a.nbytes) for g in globs.values() for d in g.values()
+                                   for a in d.values())}
+    ft.resume = Resume(ft.setup, ft.rc, plan, globs, counters, step + 1, generation,
+                       ctl=ft.ctl, recorder=ft.recorder, event=event, t_detect=t0)
+    ft.generation, ft.original, ft.book = generation, original, BoundaryBook()
+    return merged, inter
+
+
+def joined(comm: Any, ft: Any) -> None:
+    """A spawned rank: take the running job's state from rank 0 into ``ft.resume``."""
+    from nereus.runtime.failure_recovery import Resume
+
+    setup, rc, plan_d, globs, counters, step, generation, original = comm.bcast(None, root=0)
+    ft.resume = Resume(setup, rc, ExecutionPlan.from_dict(plan_d), globs, counters, step,
+                       generation, event={"kind": "growth"}, t_detect=time.time())
+    ft.generation, ft.original = generation, original

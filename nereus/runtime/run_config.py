@@ -18,7 +18,10 @@ raises at step k, k = -1 at start — fault injection to test that no rank hangs
 device offers only g GB, as when another tenant takes memory; the runtime's accounting then
 reports OOM events, which tell the controller the new capacity — see ``nereus.runtime.memory``),
 ``failures``
-(checkpoints and injected node deaths: ``nereus.runtime.failure_config``).
+(checkpoints and injected node deaths: ``nereus.runtime.failure_config``), ``late_nodes`` (k: the
+last k nodes of the cluster are granted later — ``nereus run`` starts only the other nodes' ranks;
+an ``add_node`` event for a late node spawns its ranks into the running job, see
+``nereus.runtime.growth``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
-        "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures")
+        "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
+        "late_nodes")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -82,6 +86,13 @@ class RunConfig:
     policy: str = "adaptive"  # adaptive: the controller; static: initial TP/PP, DP re-fit only
     capacity_drop: tuple[int, float] | None = None  # (step, GB per rank from that step on)
     failures: FailureOptions = field(default_factory=FailureOptions)
+    late_nodes: int = 0  # the last k nodes are granted later (their ranks spawn at add_node)
+    late_ranks: int = 0  # late_nodes · gpus_per_node
+
+    @property
+    def start_ranks(self) -> int:
+        """Ranks started at launch (the late nodes' ranks join at their add_node event)."""
+        return self.ranks - self.late_ranks
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in KEYS}
@@ -191,6 +202,15 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
             raise ConfigError("runtime.max_new_tokens", max_new,
                               f"prompt_len + max_new_tokens = {longest} exceeds max_seq_len="
                               f"{spec.max_seq_len} of models.{role}")
+    late = f.non_negative_int("runtime.late_nodes", raw.get("late_nodes", 0))
+    if late and late >= cluster.nodes:
+        raise ConfigError("runtime.late_nodes", late,
+                          f"must be < the cluster's {cluster.nodes} nodes (one node starts the job)")
+    late_from = cluster.nodes - late
+    for e in events:
+        if e.kind == "remove_node" and e.node >= late_from:
+            raise ConfigError("runtime.events", e.to_dict(),
+                              f"node {e.node} is a late node (late_nodes={late}): add it first")
     rc = RunConfig(
         ranks=n, steps=n_steps,
         seed=f.non_negative_int("runtime.seed", raw.get("seed", 0)),
@@ -212,6 +232,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         capacity_drop=_capacity_drop(raw.get("capacity_drop"), n_steps,
                                      cluster.gpu.memory_bytes / 1e9),
         failures=parse_failures(raw.get("failures"), cluster.nodes, n_steps),
+        late_nodes=late, late_ranks=late * cluster.gpus_per_node,
     )
     return rc, setup
 

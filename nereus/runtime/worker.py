@@ -66,18 +66,28 @@ def main(argv: list[str] | None = None) -> int:
     from nereus.runtime.control_plane import ControlPlane
     from nereus.runtime.failure import RankFailure, secondary
     from nereus.runtime.failure_recovery import FailureHandler
+    from nereus.runtime.growth import Grown, Links, join_parent, joined
 
-    comm = MPI.COMM_WORLD
+    links = Links()
+    comm = join_parent(links) or MPI.COMM_WORLD  # spawned for a late node: the merged job
     plane = ControlPlane(comm)
     ft = FailureHandler(comm, args.log)
+    if links.pairs:
+        joined(comm, ft)
     while True:
         try:
             code = _run(args, comm, plane, ft)
-            if ft.enabled:  # under ULFM, with a dead rank MPI_Finalize can wait forever
+            grown = bool(links.pairs)
+            links.release()
+            if ft.enabled and not grown:  # ULFM: with a dead rank MPI_Finalize can wait forever
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
             return code
+        except Grown as g:  # late nodes' ranks joined: the rest of the job on the merged comm
+            links.pairs.append((g.comm, g.inter))
+            comm, plane = g.comm, ControlPlane(g.comm)
+            continue
         except Exception as e:  # agreed error, ranks died (survive, go on), or this rank failed
             failed: Exception = e
             if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
@@ -150,9 +160,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         cfg = load_config(args.config)
         rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                                   steps=args.steps)
-        if rc.ranks != plane.world_size and ft.resume is None:
-            raise ConfigError("--ranks", plane.world_size,
-                              f"the MPI job has {plane.world_size} ranks, the config {rc.ranks}")
+        if rc.start_ranks != plane.world_size and ft.resume is None:
+            raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
+                              f"ranks, the config starts {rc.start_ranks}")
         return cfg, rc, setup
 
     cfg, rc, setup = _agree(plane, setup_all)
@@ -166,6 +176,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     maybe_fail(-1)
     ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static")
            if plane.is_root else None)
+    if ctl is not None:
+        ctl.set_pool(range(plane.world_size))  # late nodes (runtime.late_nodes) join later
     if ft.resume is not None:
         ctl = ft.resume.ctl
     recorder: RunRecorder | None = None
@@ -247,6 +259,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         t1 = time.perf_counter()
         version += 1
         new_plan = ExecutionPlan.from_dict(target["plan"])
+        if max(target["pool"]) >= plane.world_size:  # a late node was granted: its ranks join
+            from nereus.runtime.growth import Grown, grow
+
+            raise Grown(*grow(comm, units, ft, new_plan, tuple(target["pool"]), step,
+                              worker_argv=sys.argv[1:]))
         units, change = change_plan(plane, comm, units, new_plan, tuple(target["pool"]), store,
                                     version, lr=rc.lr)
         measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())

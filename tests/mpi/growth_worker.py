@@ -23,7 +23,8 @@ def main() -> int:
         world = MPI.COMM_WORLD
         rendezvous(ControlPlane(world), generation=0, timeout_s=30.0, address="127.0.0.1")
         dist.destroy_process_group()  # the default group cannot take new members
-        comm = spawn_joiners(world, 2, [sys.executable, __file__], links)
+        comm, inter = spawn_joiners(world, 2, [sys.executable, __file__])
+        links.pairs.append((comm, inter))
     plane = ControlPlane(comm)
     rendezvous(plane, generation=1, timeout_s=30.0, address="127.0.0.1")
     x = torch.tensor([float(dist.get_rank())])
