@@ -40,6 +40,7 @@ def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
     return all(sp["name"] in alive or COPIES.get(sp["name"]) in alive for sp in plan["stages"])
 
 
+@pytest.mark.timeout(1800)  # 21 runs of 4 ranks: ~10 min on 2 quiet cores
 def test_random_node_deaths(tmp_path: Path) -> None:
     from nereus.log.reader import read_run_log
 
