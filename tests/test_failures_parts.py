@@ -112,3 +112,7 @@ def test_secondary_errors() -> None:
     assert secondary(RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
     assert not secondary(RuntimeError("injected failure (runtime.inject_failure) at step 1"))
     assert not secondary(KeyError("actor-train"))
+    import pickle
+
+    # rank 0 killed during the controller-replica broadcast: the others got a garbled message
+    assert secondary(pickle.UnpicklingError("invalid load key, '\\x00'."))

@@ -55,13 +55,17 @@ def ulfm_enabled(comm: Any) -> bool:
 
 def secondary(exc: BaseException) -> bool:
     """Whether ``exc`` looks like the consequence of a dead peer (an MPI error on the control
-    plane, a gloo connection error or timeout), not a fault of this rank's own code."""
+    plane, a message garbled because its sender died while sending it — mpi4py then fails to
+    unpickle it —, a gloo connection error or timeout), not a fault of this rank's own code."""
+    import pickle
+
     import torch.distributed as dist
     from mpi4py import MPI
 
     from nereus.errors import CommunicationError, TransitionError
 
-    if isinstance(exc, MPI.Exception | dist.DistError | CommunicationError | TransitionError):
+    if isinstance(exc, MPI.Exception | dist.DistError | CommunicationError | TransitionError
+                  | pickle.UnpicklingError):
         return True
     text = str(exc)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer",
