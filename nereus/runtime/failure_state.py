@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.runtime.state import FIELDS, Counters
+from nereus.runtime.transition_exec import allgather_contributions
 from nereus.runtime.units import (
     Glob,
     PlanUnits,
@@ -112,13 +113,7 @@ def gather_survivors(setup: Setup, b: Boundary, comm: Any, pool: Sequence[int]
         if mine[1] is not None:
             entry["counters"] = mine[1]
         contrib[sp.name] = entry
-    pieces: dict[str, list[Any]] = {}
-    counters: dict[str, tuple[Counters, float]] = {}
-    for c in comm.allgather(contrib):
-        for name, entry in c.items():
-            pieces.setdefault(name, []).extend(entry["pieces"])
-            if "counters" in entry:
-                counters[name] = entry["counters"]
+    pieces, counters = allgather_contributions(comm, contrib)
     globs = {sp.name: assemble_global(spec_of(setup, sp.name), pieces.get(sp.name, []))
              for sp in b.plan.stages if sp.name not in lost}
     return globs, counters, lost

@@ -58,16 +58,24 @@ def gather_state(units: PlanUnits, comm: Any, pool: Sequence[int]
             entry["counters"] = counters_of(st)
         contrib[name] = entry
     globs: dict[str, Glob] = {}
-    counters: dict[str, tuple[Counters, float]] = {}
+    pieces, counters = allgather_contributions(comm, contrib)
+    for name in units.stages:
+        globs[name] = assemble_global(spec_of(units.setup, name), pieces.get(name, []))
+    return globs, counters, lost
+
+
+def allgather_contributions(comm: Any, contrib: dict[str, Any]
+                            ) -> tuple[dict[str, list[Any]], dict[str, tuple[Counters, float]]]:
+    """Every rank's ``{model_stage: {"pieces": [...], "counters"?: ...}}`` merged on every rank
+    (collective over ``comm``): the pieces per model-stage and the counters of each."""
     pieces: dict[str, list[Any]] = {}
+    counters: dict[str, tuple[Counters, float]] = {}
     for c in comm.allgather(contrib):
         for name, entry in c.items():
             pieces.setdefault(name, []).extend(entry["pieces"])
             if "counters" in entry:
                 counters[name] = entry["counters"]
-    for name in units.stages:
-        globs[name] = assemble_global(spec_of(units.setup, name), pieces.get(name, []))
-    return globs, counters, lost
+    return pieces, counters
 
 
 def state_bytes(globs: dict[str, Glob]) -> int:
