@@ -1,0 +1,314 @@
+"""Fast planning: the DAG of :func:`compile.compile_transition` built on GPU arrays.
+
+:func:`plan_transition` makes the same decisions as the reference compiler — T_sub and donor
+choices, memory checks, resource edges, circular-wait retries, staging — on integer matrices of
+GPU ids, one row per unit (:mod:`fast_local`), and keeps the result *batched*: primitives in
+blocks, edges as arrays. L̂_tran comes from the arrays (:mod:`fast_cost`); the per-primitive
+:class:`TransitionDag` that the executor and the wire format consume is built only on demand
+(:attr:`PlannedTransition.dag`, equal to what ``compile_transition`` returns). Inputs the batched
+path does not cover (a model-stage whose units differ in layout, per-GPU capacities or reserved
+bytes, an invalid collection, a target that cannot be reached) go to the reference compiler,
+which gives the same DAG or raises the same error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain, groupby
+from operator import attrgetter
+
+import numpy as np
+
+from nereus.emu.unit import Emu, Layout
+from nereus.errors import TransitionError
+from nereus.spec.hardware import ClusterSpec
+from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
+from nereus.transition.dag import TransitionDag
+from nereus.transition.fast_assemble import BatchedDag, assemble, expand, order_memory
+from nereus.transition.fast_cost import durations
+from nereus.transition.fast_graph import longest_path
+from nereus.transition.fast_local import LocalArrays, destroy_only, local_arrays
+from nereus.transition.fast_memory import excess, fits_beside, peak_top, stage_levels
+from nereus.transition.primitives import StateSizer, shard_bytes
+from nereus.transition.residency import ConflictSpec, Exclusion, exclusion_for
+
+_STAGE = attrgetter("model_stage")
+_STATE = attrgetter("state")
+_TP = attrgetter("layout.tp")
+_PP = attrgetter("layout.pp")
+_GPUS = attrgetter("gpus")
+
+
+@dataclass(frozen=True)
+class PlannedTransition:
+    """A compiled transition: batched (``batched``) or, where the batched path does not apply,
+    the reference compiler's DAG (``reference``)."""
+
+    batched: BatchedDag | None
+    reference: TransitionDag | None = None
+
+    @cached_property
+    def dag(self) -> TransitionDag:
+        """The per-primitive DAG (equal to :func:`compile.compile_transition`'s)."""
+        if self.batched is None:
+            assert self.reference is not None
+            return self.reference
+        return expand(self.batched)
+
+    def cost_s(self, cluster: ClusterSpec) -> float:
+        """L̂_tran in seconds (:func:`cost.transition_cost_s` of :attr:`dag`)."""
+        b = self.batched
+        if b is None:
+            from nereus.transition.cost import transition_cost_s
+
+            assert self.reference is not None
+            return transition_cost_s(self.reference, cluster)
+        return longest_path(b.topo, durations(b.blocks, b.n, cluster))
+
+
+@dataclass
+class _Side:
+    """One model-stage's units on one side as rows of GPU ids (one layout)."""
+
+    lay: Layout
+    rows: np.ndarray
+    state: str
+
+
+def _sides(units: Sequence[Emu]) -> dict[str, _Side] | None:
+    """Units per model-stage in input order; None when a model-stage mixes layouts or states."""
+    runs: dict[str, list[Emu]] = {}
+    for m, grp in groupby(units, key=_STAGE):
+        got = runs.get(m)
+        if got is None:
+            runs[m] = list(grp)
+        else:
+            got.extend(grp)
+    out: dict[str, _Side] = {}
+    for m, lst in runs.items():
+        tps, pps, states = set(map(_TP, lst)), set(map(_PP, lst)), set(map(_STATE, lst))
+        if len(tps) != 1 or len(pps) != 1 or len(states) != 1:
+            return None
+        lay = Layout(tps.pop(), pps.pop())
+        rows = np.fromiter(chain.from_iterable(map(_GPUS, lst)), dtype=np.int64,
+                           count=len(lst) * lay.size).reshape(len(lst), lay.size)
+        out[m] = _Side(lay, rows, states.pop())
+    return out
+
+
+def _owners(sides: dict[str, _Side], bit: dict[str, int], size: int) -> np.ndarray | None:
+    """Per GPU the bitset of model-stages holding it; None when one model-stage holds a GPU
+    twice."""
+    if not sides:
+        return np.zeros(size, dtype=np.int64)
+    gpus = np.concatenate([s.rows.reshape(-1) for s in sides.values()])
+    stage = np.concatenate([np.full(s.rows.size, bit[m], dtype=np.int64)
+                            for m, s in sides.items()])
+    if np.bincount(stage * size + gpus).max() > 1:
+        return None
+    own = np.zeros(size, dtype=np.int64)
+    np.bitwise_or.at(own, gpus, np.left_shift(1, stage))
+    return own
+
+
+def _independent(excl: Exclusion, masks: np.ndarray) -> bool:
+    """Every bitset in ``masks`` is a set of pairwise non-exclusive model-stages."""
+    if excl.pairs is None:
+        return bool(((masks & (masks - 1)) == 0).all())
+    for a, b in excl.pairs:
+        both = (1 << excl.index[a]) | (1 << excl.index[b])
+        if ((masks & both) == both).any():
+            return False
+    return True
+
+
+def plan_transition(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    sizer: StateSizer,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    stage_rank: Mapping[str, int] | None = None,
+    spare_gpus: Sequence[int] = (),
+    conflicts: ConflictSpec = None,
+    replicated: StateSizer | None = None,
+) -> PlannedTransition:
+    """:func:`compile.compile_transition` (same arguments, same DAG, same errors), batched."""
+    got = None
+    if not reserved_bytes and (capacity_bytes is None or isinstance(capacity_bytes, int)):
+        got = _plan(source, target, sizer, capacity_bytes, stage_rank, spare_gpus, conflicts,
+                    replicated)
+    if got is not None:
+        return PlannedTransition(got)
+    return PlannedTransition(None, compile_transition(
+        source, target, sizer, capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes,
+        stage_rank=stage_rank, spare_gpus=spare_gpus, conflicts=conflicts,
+        replicated=replicated))
+
+
+def _plan(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    sizer: StateSizer,
+    capacity: int | None,
+    stage_rank: Mapping[str, int] | None,
+    spare_gpus: Sequence[int],
+    conflicts: ConflictSpec,
+    replicated: StateSizer | None,
+) -> BatchedDag | None:
+    src, tgt = _sides(source), _sides(target)
+    if src is None or tgt is None:
+        return None
+    excl = exclusion_for(set(src) | set(tgt), conflicts)
+    if any(m not in src or src[m].state != t.state for m, t in tgt.items()):
+        return None  # the reference reports it
+    everything = [s.rows for s in chain(src.values(), tgt.values())]
+    size = max([int(r.max()) + 1 for r in everything if r.size] + [max(spare_gpus, default=-1) + 1, 1])
+    bit = excl.index
+    src_own, tgt_own = _owners(src, bit, size), _owners(tgt, bit, size)
+    if src_own is None or tgt_own is None or not _independent(excl, src_own) \
+            or not _independent(excl, tgt_own):
+        return None  # an invalid collection: the reference raises
+    rank = dict(stage_rank or {})
+    names = sorted(src, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
+    excl_bits = {m: sum(1 << bit[c] for c in excl.names if excl.exclusive(m, c)) for m in names}
+    held_for = {m: (src_own & excl_bits[m]) != 0 for m in names}
+    target_for = {m: (tgt_own & excl_bits[m]) != 0 for m in names}
+    by_src: dict[str, np.ndarray] = {}
+    in_place: dict[str, np.ndarray] = {}
+    by_tgt: dict[str, np.ndarray] = {}
+    for m in names:
+        s, t = src[m], tgt.get(m)
+        if t is None or t.lay != s.lay or not t.rows.size:
+            by_src[m], in_place[m] = s.rows, s.rows[:0]
+            by_tgt[m] = t.rows if t is not None else np.zeros((0, 1), dtype=np.int64)
+            continue
+        tab = np.full(size, -1, dtype=np.int64)
+        tab[t.rows[:, 0]] = np.arange(t.rows.shape[0])
+        hit = tab[s.rows[:, 0]]
+        same = (hit >= 0) & (t.rows[hit] == s.rows).all(1)
+        by_src[m], in_place[m] = s.rows[~same], s.rows[same]
+        matched = np.zeros(t.rows.shape[0], dtype=bool)
+        matched[hit[same]] = True
+        by_tgt[m] = t.rows[~matched]
+    state_of = {m: sizer(m) for m in names}
+    rep_of = {m: replicated(m) if replicated is not None else 0 for m in names}
+    co_res = capacity is not None and excl.pairs is not None
+    floors: dict[str, np.ndarray] = {}
+    load_for: dict[str, np.ndarray | None] = {}
+    if co_res:
+        for m in names:
+            before = np.zeros(size, dtype=np.int64)
+            before[src[m].rows] = shard_bytes(state_of[m], src[m].lay, rep_of[m])
+            after = np.zeros(size, dtype=np.int64)
+            if m in tgt:
+                after[tgt[m].rows] = shard_bytes(state_of[m], tgt[m].lay, rep_of[m])
+            floors[m] = np.where((before > 0) & (after > 0), np.minimum(before, after), 0)
+        for m in names:
+            load = sum((floors[c] for c in names if not excl.exclusive(m, c)),
+                       np.zeros(size, dtype=np.int64))
+            load_for[m] = load if load.any() else None
+    cands = {}
+    for m in names:
+        lays = {src[m].lay} if by_src[m].size or in_place[m].size else set()
+        if by_tgt[m].size:
+            lays.add(tgt[m].lay)
+        cands[m] = _candidates(frozenset((lay.tp, lay.pp) for lay in lays))
+    choice = {m: [0, 0] for m in names}
+    all_held, all_target = src_own != 0, tgt_own != 0
+    spare = [g for g in sorted(set(spare_gpus)) if not all_held[g] and not all_target[g]]
+    released = np.flatnonzero(all_held & ~all_target).tolist()
+    staging: dict[str, tuple[int, ...]] = {}
+
+    def fits(m: str, loc: LocalArrays) -> bool:
+        if capacity is None:
+            return True
+        lt = tgt[m].lay if m in tgt else src[m].lay
+        if excl.pairs is None:
+            top = peak_top(loc, state_of[m], rep_of[m])
+            if in_place[m].size:
+                top = max(top, shard_bytes(state_of[m], lt, rep_of[m]))
+            return top <= capacity
+        lv = stage_levels(loc, state_of[m], rep_of[m], in_place[m], lt, size)
+        loc.levels = lv
+        return fits_beside(m, lv, floors, excl, capacity)
+
+    def local_for(m: str) -> LocalArrays | None:
+        s = src[m]
+        if not by_tgt[m].size:
+            loc = destroy_only(m, s.state, by_src[m], s.lay, size)
+            fits(m, loc)
+            return loc
+        t = tgt[m]
+        while choice[m][0] < len(cands[m]):
+            got = local_arrays(m, s.state, by_src[m], s.lay, by_tgt[m], t.lay,
+                               cands[m][choice[m][0]], held_for[m], target_for[m],
+                               in_place[m], choice[m][1], staging.get(m, ()), load_for.get(m))
+            if got is not None:
+                if fits(m, got):
+                    return got
+                if got.donor:
+                    choice[m][1] += 1
+                    continue
+            choice[m] = [choice[m][0] + 1, 0]
+        return None
+
+    locs: dict[str, LocalArrays] = {}
+    for m in names:
+        got = local_for(m)
+        if got is None:
+            return None  # the reference raises
+        locs[m] = got
+    exhausted: set[str] = set()
+    while True:
+        dag, cycle = assemble(source, target, names, locs, rank, excl, state_of, rep_of,
+                              replicated is not None)
+        if not cycle:
+            break
+        for m in dict.fromkeys(cycle):
+            if not locs[m].donor or m in exhausted:
+                continue
+            saved = list(choice[m])
+            choice[m][1] += 1
+            got = local_for(m)
+            if got is not None:
+                locs[m] = got
+                break
+            choice[m] = saved
+            exhausted.add(m)
+        else:
+            stage_m, lay = None, None
+            for pool_name in ("spare", "released"):
+                avail = spare if pool_name == "spare" else released
+                for m in dict.fromkeys(cycle):
+                    lay = locs[m].t_sub
+                    if locs[m].donor and not locs[m].staged and lay is not None \
+                            and len(avail) >= lay.size:
+                        stage_m = m
+                        break
+                if stage_m is not None:
+                    break
+            if stage_m is None or lay is None:
+                return None  # the reference raises
+            if len(spare) >= lay.size:
+                staging[stage_m], spare = tuple(spare[: lay.size]), spare[lay.size:]
+            else:
+                staging[stage_m], released = tuple(released[: lay.size]), released[lay.size:]
+            got = local_for(stage_m)
+            if got is None:
+                return None
+            locs[stage_m] = got
+            exhausted.clear()
+    if co_res:
+        assert capacity is not None
+        lvs = {m: locs[m].levels for m in names}
+        bad = excess({m: lv for m, lv in lvs.items() if lv is not None}, excl, capacity)
+        if bad.size:
+            try:
+                dag = order_memory(dag, bad.tolist(), capacity)
+            except TransitionError:
+                return None  # the reference raises
+    return dag

@@ -1,0 +1,182 @@
+"""Joining batched local DAGs into the global DAG (:func:`compile._assemble` on arrays), the
+batched DAG record, and its expansion into a :class:`TransitionDag`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from nereus.emu.unit import Emu, Layout
+from nereus.errors import TransitionError
+from nereus.transition.compile import _chain_gpus, default_stage_rank
+from nereus.transition.dag import TransitionDag
+from nereus.transition.expand import local_edge_arrays, local_records
+from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_order
+from nereus.transition.fast_local import EDGE_CODES, EXTEND, RESOURCE, Block, LocalArrays
+from nereus.transition.phases import order_for_memory
+from nereus.transition.primitives import shard_bytes
+from nereus.transition.residency import Exclusion
+
+
+@dataclass(frozen=True)
+class BatchedDag:
+    """The global DAG with primitives in blocks and edges as arrays.
+
+    Primitive indices are those of the expanded DAG: the local DAGs of ``names`` one after
+    another (``offsets``). Edges: each local DAG's, the resource edges (``res_a → res_b``), then
+    ``extra`` (the "memory" edges of co-resident model-stages). ``topo`` levels all of them.
+    ``expanded`` is the per-primitive DAG where building it was part of planning.
+    """
+
+    source: tuple[Emu, ...]
+    target: tuple[Emu, ...]
+    names: tuple[str, ...]
+    stages: tuple[LocalArrays, ...]
+    offsets: tuple[int, ...]
+    n: int
+    res_a: np.ndarray
+    res_b: np.ndarray
+    blocks: tuple[tuple[int, Block, int, int], ...]  # (offset, block, state bytes, replicated)
+    ranks: tuple[int, ...]
+    topo: Levels
+    t_sub: tuple[tuple[str, int, int], ...]
+    conflicts: frozenset[tuple[str, str]] | None
+    state_bytes: tuple[tuple[str, int], ...]
+    replicated_bytes: tuple[tuple[str, int], ...]
+    extra: tuple[tuple[int, int, str], ...] = ()
+    expanded: TransitionDag | None = None
+
+    @property
+    def sizes(self) -> dict[str, tuple[int, int]]:
+        rep = dict(self.replicated_bytes)
+        return {m: (b, rep.get(m, 0)) for m, b in self.state_bytes}
+
+
+def _edges(locs: Sequence[LocalArrays], offsets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    a = [np.concatenate(loc.edges.a) + off for loc, off in zip(locs, offsets, strict=True)
+         if loc.edges.a]
+    b = [np.concatenate(loc.edges.b) + off for loc, off in zip(locs, offsets, strict=True)
+         if loc.edges.b]
+    z = np.zeros(0, dtype=np.int64)
+    return (np.concatenate(a) if a else z), (np.concatenate(b) if b else z)
+
+
+def assemble(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    names: list[str],
+    locs: Mapping[str, LocalArrays],
+    rank: Mapping[str, int],
+    excl: Exclusion,
+    state_of: Mapping[str, int],
+    rep_of: Mapping[str, int],
+    with_rep: bool,
+) -> tuple[BatchedDag, list[str]]:
+    """The global DAG of the chosen local DAGs, and the model-stages along a circular wait
+    (empty when there is none)."""
+    stages = tuple(locs[m] for m in names)
+    offsets: list[int] = []
+    n = 0
+    for loc in stages:
+        offsets.append(n)
+        n += loc.n
+    # release: per model-stage and GPU the global index of the Destroy that frees it
+    rel = np.stack([np.where(loc.release >= 0, loc.release + off, -1)
+                    for loc, off in zip(stages, offsets, strict=True)])
+    keys: list[np.ndarray] = []
+    for k, (m, loc, off) in enumerate(zip(names, stages, offsets, strict=True)):
+        rows = [c for c, other in enumerate(names) if excl.conflicts(other, m)]
+        if not rows:
+            continue
+        for blk in loc.blocks:
+            if blk.kind != EXTEND or not blk.count:
+                continue
+            assert blk.new is not None
+            d = rel[rows][:, blk.new]  # (stages × Extends × GPUs)
+            has = d >= 0
+            if has.any():
+                idx = np.broadcast_to((off + blk.start + np.arange(blk.count))[:, None],
+                                      blk.new.shape)
+                keys.append(np.broadcast_to(idx, d.shape)[has] * n + d[has])
+        del k
+    res = np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
+    res_a, res_b = res % max(n, 1), res // max(n, 1)
+    la, lb = _edges(stages, offsets)
+    a, b = np.concatenate([la, res_a]), np.concatenate([lb, res_b])
+    topo = levels(n, a, b)
+    blocks = tuple((off, blk, state_of[m], rep_of[m])
+                   for m, loc, off in zip(names, stages, offsets, strict=True)
+                   for blk in loc.blocks)
+    dag = BatchedDag(
+        tuple(source), tuple(target), tuple(names), stages, tuple(offsets), n, res_a, res_b,
+        blocks, tuple(rank.get(m, default_stage_rank(m)) for m in names), topo,
+        tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None),
+        excl.pairs, tuple((m, state_of[m]) for m in sorted(names)),
+        tuple((m, rep_of[m]) for m in sorted(names)) if with_rep else ())
+    if topo.ok:
+        return dag, []
+    stage_of = [m for m, loc in zip(names, stages, strict=True) for _ in range(loc.n)]
+    return dag, cycle_names(n, a, b, topo.level, stage_of)
+
+
+def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ...]]]:
+    sizes = b.sizes
+    prims = []
+    edges: list[tuple[int, int, str]] = []
+    keys: list[tuple[int, int, str, int]] = []
+    for m, loc, off, srank in zip(b.names, b.stages, b.offsets, b.ranks, strict=True):
+        sb, rep = sizes[m]
+        recs = local_records(loc, sb, rep)
+        prims += recs
+        for blk in loc.blocks:
+            keys += [(blk.kind, srank, m, off + blk.start + j) for j in range(blk.count)]
+        la, lb, lk = local_edge_arrays(loc)
+        edges += [(x + off, y + off, EDGE_CODES[z])
+                  for x, y, z in zip(la.tolist(), lb.tolist(), lk.tolist(), strict=True)]
+    kind = EDGE_CODES[RESOURCE]
+    edges += [(x, y, kind) for x, y in zip(b.res_a.tolist(), b.res_b.tolist(), strict=True)]
+    edges = list(dict.fromkeys(edges))
+    order = priority_order(b.n, edges, keys)
+    dag = TransitionDag(b.source, b.target, tuple(prims), tuple(edges), tuple(order), b.t_sub,
+                        b.conflicts, b.state_bytes, b.replicated_bytes)
+    return dag, []
+
+
+def expand(b: BatchedDag) -> TransitionDag:
+    """The per-primitive DAG (what :func:`compile.compile_transition` returns)."""
+    if b.expanded is not None:
+        return b.expanded
+    dag, _ = _records_and_edges(b)
+    if b.extra:
+        dag = replace(dag, edges=dag.edges + b.extra)
+    return dag
+
+
+def order_memory(b: BatchedDag, bad: list[int], capacity: int) -> BatchedDag:
+    """``b`` with the "memory" edges that order co-resident phases on the GPUs ``bad``
+    (:func:`phases.order_for_memory`, then chains where that fails); raises
+    :class:`TransitionError` when even chains do not fit."""
+    dag, _ = _records_and_edges(b)
+    extra, failed = order_for_memory(dag, bad, lambda g: capacity)
+    full = replace(dag, edges=dag.edges + extra)
+    if failed:
+        sizes = b.sizes
+
+        def unit_bytes(m: str, layout: Layout) -> int:
+            sb, rep = sizes[m]
+            return shard_bytes(sb, layout, rep)
+
+        left = set(failed)
+        full = _chain_gpus(full, [(g, "") for g in bad if g in left], unit_bytes, capacity, {})
+    more = full.edges[len(dag.edges):]
+    if not more:
+        return replace(b, expanded=full)
+    ea = np.array([e[0] for e in more], dtype=np.int64)
+    eb = np.array([e[1] for e in more], dtype=np.int64)
+    la, lb = _edges(b.stages, b.offsets)
+    topo = levels(b.n, np.concatenate([la, b.res_a, ea]), np.concatenate([lb, b.res_b, eb]))
+    if not topo.ok:  # pragma: no cover - memory edges follow a topological order
+        raise TransitionError("memory edges made a cycle")
+    return replace(b, extra=tuple(more), topo=topo, expanded=full)
