@@ -148,6 +148,7 @@ def _megatron_rope_model(spec: ModelSpec, glob: dict[str, np.ndarray]) -> Any:
     from nereus.engines.megatron_model import StageGroups
 
     w = dist.group.WORLD
+    assert w is not None
     model = build_rope_gpt(spec, StageGroups(w, w, w, w, w), seed=0)
     params = dict(model.named_parameters())
     assert set(params) == set(glob)  # tp=1, pp=1: local keys are the logical names
@@ -164,6 +165,7 @@ def _hf_model(spec: ModelSpec, hf: dict[str, np.ndarray], **overrides: Any) -> A
     kwargs = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type",
                                                         "torch_dtype")}
     kwargs.update(overrides)
+    model: Any
     if cfg["architectures"] == [QWEN3]:
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kwargs))
     else:

@@ -21,7 +21,10 @@ reports OOM events, which tell the controller the new capacity — see ``nereus.
 (checkpoints and injected node deaths: ``nereus.runtime.failure_config``), ``late_nodes`` (k: the
 last k nodes of the cluster are granted later — ``nereus run`` starts only the other nodes' ranks;
 an ``add_node`` event for a late node spawns its ranks into the running job, see
-``nereus.runtime.growth``).
+``nereus.runtime.growth``), ``generation`` (the engine actor-gen samples with: ``megatron``,
+default — Megatron-core's static inference with a KV cache, the CPU path; ``vllm`` — vLLM on
+CUDA GPUs, :mod:`nereus.engines.vllm_engine`; checked here: vLLM and a CUDA device must be
+present and the actor a Llama-family architecture).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from nereus.spec.job import Setup
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
-        "late_nodes")
+        "late_nodes", "generation")
 EVENT_KINDS = ("remove_node", "add_node")
 
 
@@ -88,6 +91,7 @@ class RunConfig:
     failures: FailureOptions = field(default_factory=FailureOptions)
     late_nodes: int = 0  # the last k nodes are granted later (their ranks spawn at add_node)
     late_ranks: int = 0  # late_nodes · gpus_per_node
+    generation: str = "megatron"  # megatron: Megatron-core KV-cache inference; vllm: vLLM (GPU)
 
     @property
     def start_ranks(self) -> int:
@@ -233,6 +237,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                                      cluster.gpu.memory_bytes / 1e9),
         failures=parse_failures(raw.get("failures"), cluster.nodes, n_steps),
         late_nodes=late, late_ranks=late * cluster.gpus_per_node,
+        generation=_generation(raw.get("generation", RunConfig.generation), setup),
     )
     return rc, setup
 
@@ -276,4 +281,23 @@ def _reward(value: Any, reward_model: bool) -> str:
     choice = f.choice("runtime.reward", value, ("task", "model"))
     if choice == "model" and not reward_model:
         raise ConfigError("runtime.reward", value, "needs job.reward_model: true")
+    return choice
+
+
+def _generation(value: Any, setup: Setup) -> str:
+    """``megatron`` or ``vllm``; vLLM needs its package, a CUDA device and a Llama-family actor
+    (checked before any rank starts)."""
+    path = "runtime.generation"
+    choice = f.choice(path, value, ("megatron", "vllm"))
+    if choice == "vllm":
+        from nereus.emu.hf_layout import UnsupportedArchitecture, hf_architecture
+        from nereus.engines.vllm_engine import vllm_unavailable_reason
+
+        reason = vllm_unavailable_reason()
+        if reason is not None:
+            raise ConfigError(path, value, f"needs vLLM on CUDA GPUs, but {reason}")
+        try:
+            hf_architecture(setup.job.model(setup.job.workflow.by_name("actor-gen").role))
+        except UnsupportedArchitecture as e:
+            raise ConfigError(path, value, str(e)) from None
     return choice

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from nereus.engines.backend import GenRequest
 from nereus.engines.forward import response_logp, response_values, sequence_scores
-from nereus.engines.generation import generate, sample_uniforms
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
 from nereus.rl.sample_order import SampleOrder, replica_slice
 from nereus.rl.task import PAD, PatternTask, encode
+from nereus.runtime.gen_engines import actor_gen_engine
 from nereus.runtime.memory import MemoryAccount, resident_bytes
 from nereus.runtime.run_config import RunConfig
-from nereus.runtime.train import is_reporter, link_of, unit_forward_backward, unit_logits
+from nereus.runtime.train import is_reporter, unit_forward_backward, unit_logits
 from nereus.runtime.units import PlanUnits, allreduce_grads, zero_grads
 from nereus.spec.job import Setup
 
@@ -101,19 +102,19 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     seq_ids = np.arange(n_seq)
     contrib: dict[str, Any] = {}
     su = units.stages["actor-gen"]
+    engine = actor_gen_engine(rc, inp.setup, su)  # runtime.generation; checked on every rank
     mine = su.my_replica()
-    if mine is not None:
+    if mine is not None and engine is not None:
         dp_rank, st = mine
         lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
         t0 = time.perf_counter()
-        u = sample_uniforms(rc.seed, step, seq_ids[lo:hi], t_new)
-        g = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature,
-                     link=link_of(st))
+        engine.refresh_weights()  # the weights the last sync wrote (in place for megatron)
+        req = GenRequest(prompts[lo:hi], seq_ids[lo:hi], rc.seed, step, t_new, rc.temperature)
+        g = engine.generate(req)
         kv_bytes = g.kv_cache_bytes
         greedy = None
         if job.algorithm == "remax":  # the greedy baseline response of every sequence's prompt
-            gg = generate(st.model, st.groups.tp, prompts[lo:hi], u, t_new, rc.temperature,
-                          greedy=True, link=link_of(st))
+            gg = engine.generate(replace(req, greedy=True))
             greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
         stage_s["actor-gen"] = stage_s.get("actor-gen", 0.0) + time.perf_counter() - t0
         account.observe("actor-gen", _resident(units), kv_bytes)
