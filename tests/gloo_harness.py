@@ -39,7 +39,20 @@ def _pool_entry(rank: int, world: int, port: int, jobs: Any, results: Any) -> No
             results.put((rank, True, fn(rank, world, store, *args)))
         except BaseException:
             results.put((rank, False, traceback.format_exc()))
+        _drop_groups(dist)
     dist.destroy_process_group()
+
+
+def _drop_groups(dist: Any) -> None:
+    """Destroy every group a job registered (unit groups of the executors it built): each live
+    gloo group keeps a polling thread, and a pool rank outlives hundreds of jobs."""
+    import gc
+
+    world = dist.GroupMember.WORLD
+    for pg in list(dist.distributed_c10d._world.pg_map):
+        if pg is not world:
+            dist.destroy_process_group(pg)
+    gc.collect()  # transition groups are unregistered: freed with their last reference
 
 
 class GlooPool:

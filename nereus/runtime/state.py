@@ -81,15 +81,21 @@ class UnitState:
 def new_unit_state(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGroups, *,
                    lr: float = 1e-3, seed: int = 0, step: float = 0.0,
                    counters: Counters | None = None, initialize: bool = True) -> UnitState:
-    """Build the stage model and an Adam optimizer whose state exists (zeros) from the start."""
+    """Build the stage model and an Adam optimizer whose state exists from the start.
+
+    ``initialize=True``: Megatron's initial weights and zero moments. ``initialize=False``: a
+    unit about to be filled (a transfer target, a checkpoint load): parameters and moments are
+    left unwritten — the caller writes every value, so nothing is spent zeroing memory that is
+    overwritten at once."""
     pp_rank, _ = divmod(emu.gpus.index(global_rank), emu.layout.tp)
     model = build_gpt(spec, emu.layout.tp, emu.layout.pp, pp_rank, groups, seed=seed,
                       initialize=initialize)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    moment = torch.zeros_like if initialize else torch.empty_like
     for p in model.parameters():
         opt.state[p] = {"step": torch.tensor(float(step)),
-                        "exp_avg": torch.zeros_like(p.data),
-                        "exp_avg_sq": torch.zeros_like(p.data)}
+                        "exp_avg": moment(p.data),
+                        "exp_avg_sq": moment(p.data)}
     return UnitState(spec, emu, global_rank, groups, model, opt, counters or Counters())
 
 
