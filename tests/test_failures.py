@@ -130,3 +130,37 @@ def test_last_copy_lost_without_checkpoint_is_one_error(tmp_path: Path) -> None:
     assert "died with every replica of" in errors[0] and "checkpoint" in errors[0]
     killed_at = float((tmp_path / "lost.h5.kills").read_text().split()[1])
     assert ended_at - killed_at < 120  # no hang: the survivors end soon after the death
+
+
+def test_mpi_runtime_death_relaunches_on_the_survivors_from_the_checkpoint(
+        tmp_path: Path, reference: tuple[dict[str, Any], Any]) -> None:
+    """3 nodes x 1 rank; 0.3 s into step 2 node 2's rank dies and takes the MPI runtime with it
+    (as Open MPI ends the job when it loses a node's daemon): every rank is gone, so ULFM has
+    nobody to recover with. The launcher relaunches on nodes 0-1 from the newest checkpoint
+    (before step 2), in a second log segment, and the run still ends on the reference."""
+    res, _ = run(tmp_path, "rl", THREE, "failures: {checkpoint_every: 1, kill: "
+                 "[{node: 2, at_step: 2, after_s: 0.3, runtime: true}]}")
+    out = summary(res)
+    assert out["relaunches"] == 1, res.stderr[-3000:]
+    assert out["log_segments"] == [str(tmp_path / "rl.h5"), str(tmp_path / "rl.relaunch-1.h5")]
+    # the relaunched segment's summary covers the steps it ran (2, 3): the reference's from 2 on
+    base = {k: reference[0][k][2:] for k in ("rewards", "lengths", "losses")}
+    same_training(base, out, reference[1], np.load(tmp_path / "rl.npz"))
+    told = [ln for ln in res.stderr.splitlines() if "relaunch 1/1" in ln]
+    assert len(told) == 1 and "nodes lost: node2" in told[0] and "step 2" in told[0], told
+    from nereus.log.reader import read_run_log
+
+    first, second = read_run_log(tmp_path / "rl.h5"), read_run_log(tmp_path / "rl.relaunch-1.h5")
+    assert list(first.steps["step"]) == [0, 1]  # step 2 died with the runtime
+    assert [float(r) for r in first.steps["reward"]] == reference[0]["rewards"][:2]
+    assert list(second.steps["step"]) == [2, 3]  # redone from the checkpoint before step 2
+    assert max(g for sp in second.initial_plan["stages"] for r in sp["replicas"] for g in r) <= 1
+
+
+def test_mpi_runtime_death_without_checkpoint_is_one_error(tmp_path: Path) -> None:
+    res, _ = run(tmp_path, "nock", THREE,
+                 "failures: {kill: [{node: 2, at_step: 0, after_s: 0.3, runtime: true}]}")
+    assert res.returncode != 0
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("nereus: ")]
+    assert len(errors) == 1, res.stderr[-3000:]
+    assert "mpiexec exited with status" in errors[0]

@@ -14,7 +14,7 @@ import pytest
 from nereus.errors import ConfigError
 from nereus.runtime.checkpoint import latest_global, save_global
 from nereus.runtime.failure import secondary
-from nereus.runtime.failure_config import Kill, parse_failures
+from nereus.runtime.failure_config import FailureOptions, Kill, parse_failures
 from nereus.runtime.failure_recovery import _node_map, survivor_setup
 from nereus.runtime.failure_state import Boundary, BoundaryBook, agree_boundary, surviving_replica
 from nereus.runtime.state import Counters
@@ -84,9 +84,57 @@ def test_failure_config_checks_kills() -> None:
                        ({"kill": [{"node": 0, "at_step": 5}]}, "at_step"),
                        ({"kill": [{"node": 0, "at_step": 0, "phase": "x"}]}, "phase"),
                        ({"checkpoint_every": -1}, "checkpoint_every"),
+                       ({"kill": [{"node": 0, "at_step": 0, "runtime": "yes"}]}, "runtime"),
+                       ({"relaunch": 1}, "relaunch"),  # nothing to resume from
+                       ({"checkpoint_every": 1, "relaunch_wait_s": -1}, "relaunch_wait_s"),
                        ({"every": 1}, "runtime.failures")):
         with pytest.raises(ConfigError, match=field):
             parse_failures(bad, nodes=2, steps=5)
+    assert parse_failures({"checkpoint_every": 1}, nodes=2, steps=5).relaunch == 1
+    assert parse_failures({}, nodes=2, steps=5).relaunch == 0
+    opts = parse_failures({"checkpoint_every": 1, "relaunch": 3, "kill": [
+        {"node": 1, "at_step": 0, "runtime": True}]}, nodes=2, steps=5)
+    assert opts.relaunch == 3 and opts.kill[0].runtime
+    assert FailureOptions.from_dict(opts.to_dict()) == opts
+
+
+def test_survivor_config_renumbers_nodes_and_resumes(tmp_path: Path) -> None:
+    from nereus.runtime.relaunch import (
+        runtime_died,
+        runtime_kills,
+        surviving_nodes,
+        survivor_config,
+    )
+
+    raw = {"cluster": {"nodes": 4, "gpus_per_node": 2},
+           "runtime": {"ranks": 8, "late_nodes": 1,
+                       "events": [{"at_step": 1, "remove_node": 1}, {"at_step": 3, "add_node": 3},
+                                  {"at_step": 2, "remove_node": 2}],
+                       "failures": {"checkpoint_every": 1, "kill": [
+                           {"node": 2, "at_step": 1, "runtime": True},
+                           {"node": 3, "at_step": 3}]}}}
+    out = survivor_config(raw, (0, 1, 3), "/ck")
+    assert raw["cluster"]["nodes"] == 4  # the original is not touched
+    assert out["cluster"] == {"nodes": 3, "gpus_per_node": 2}
+    rt = out["runtime"]
+    assert "ranks" not in rt and rt["late_nodes"] == 1
+    assert rt["events"] == [{"at_step": 1, "remove_node": 1}, {"at_step": 3, "add_node": 2}]
+    assert rt["failures"]["resume"] == rt["failures"]["checkpoint_dir"] == "/ck"
+    assert rt["failures"]["kill"] == [{"node": 2, "at_step": 3}]
+    # who survived: injected runtime deaths without Slurm, the allocation's usable nodes with it
+    log = str(tmp_path / "run.h5")
+    (tmp_path / "run.h5.kills").write_text("4 1.0 runtime\n5 1.0 runtime\n")
+    assert runtime_kills(log) == [4, 5]
+    names = ("n1", "n2", "n3")
+    assert surviving_nodes(names, 2, log, slurm_pool=None, wait_s=0)[0] == (0, 1)
+    polls = iter([("n1", "n2", "n3"), ("n1", "n3")])
+    alive, how = surviving_nodes(names, 2, log, slurm_pool=lambda: next(polls), wait_s=30,
+                                 poll_s=0)
+    assert alive == (0, 2) and how == "Slurm"
+    alive, how = surviving_nodes(names, 2, log, slurm_pool=lambda: names, wait_s=0)
+    assert alive == (0, 1, 2) and "no lost node" in how
+    assert runtime_died(-9, "", (2, 3)) and not runtime_died(4, "rank 1: X", (2, 3))
+    assert not runtime_died(2, "", (2, 3)) and not runtime_died(0, "", (2, 3))
 
 
 def test_checkpoint_round_trip_and_newest_wins(tmp_path: Path) -> None:

@@ -393,3 +393,40 @@ def test_node_down_during_nereus_run_replans_on_two_nodes(slurm_cluster: LocalSl
     assert after, "no replan after the pool change"  # the urgent path onto nodes n1-n2
     assert {g for sp in after[0]["stages"] for r in sp["replicas"] for g in r} <= {0, 1, 2, 3}
     assert list(run.steps["pool_gpus"])[-1] == 4
+
+
+@pytest.mark.timeout(600)
+def test_mpi_runtime_death_relaunches_on_the_nodes_slurm_keeps(slurm_cluster: LocalSlurm,
+                                                               tmp_path: Path) -> None:
+    """slurm/cpu.sbatch on 3 nodes x 2 ranks with a checkpoint every step. 0.3 s into step 2
+    the ranks of n3 die and take Open MPI's runtime with them (every rank of the job ends, as
+    when a real node's daemon is lost); the test then marks n3 down, as Slurm does for a dead
+    node. `nereus run` sees the runtime gone, asks Slurm which nodes are left (n1, n2),
+    relaunches on their 4 ranks from the checkpoint before step 2 and finishes the job."""
+    from nereus.log.reader import read_run_log
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(FAILURE_JOB + "runtime: {steps: 4, failures: {checkpoint_every: 1, kill: "
+                   "[{node: 2, at_step: 2, after_s: 0.3, runtime: true}]}}\n")
+    log = tmp_path / "run.h5"
+    res = slurm_cluster.run(
+        "sbatch", "--parsable", f"--output={tmp_path}/out.txt", "--time=00:09:00", "--nodes=3",
+        "--ntasks-per-node=2", str(REPO / "slurm" / "cpu.sbatch"), str(cfg), "--log", str(log))
+    job_id = res.stdout.strip().split(";")[0]
+    kills = Path(f"{log}.kills")
+    try:
+        wait_for("the runtime-killing death", kills.exists, timeout_s=360)
+        slurm_cluster.run("scontrol", "update", "nodename=n3", "state=down", "reason=test")
+        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED"),
+                        timeout_s=360)
+    finally:
+        slurm_cluster.run("scancel", job_id, check=False)
+        slurm_cluster.resume_all()
+    out = (tmp_path / "out.txt").read_text()
+    assert info.state == "COMPLETED", out[-3000:]
+    told = [ln for ln in out.splitlines() if "relaunch 1/1" in ln]
+    assert len(told) == 1 and "nodes lost: n3 (Slurm)" in told[0], out[-3000:]
+    assert list(read_run_log(log).steps["step"]) == [0, 1]
+    second = read_run_log(tmp_path / "run.relaunch-1.h5")
+    assert list(second.steps["step"]) == [2, 3]
+    assert list(second.steps["pool_gpus"]) == [4, 4]

@@ -122,8 +122,7 @@ def _as_task(args: argparse.Namespace, world_size: int) -> int:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from nereus.cluster.env import from_os_environ, watch_variables
-    from nereus.runtime.worker import ERROR_MARK, EXIT_CONFIG, EXIT_INFEASIBLE
+    from nereus.cluster.env import from_os_environ
 
     job_env = from_os_environ()
     if job_env.world_size > 1 and job_env.launcher == "openmpi":
@@ -138,55 +137,162 @@ def handler(args: argparse.Namespace) -> int:
         if args.ranks is None:
             args.ranks = job_env.world_size
         hosts = job_env.step_nodes
-    rc, _, log = _check(args)
+    rc, setup, log = _check(args)
     _mpiexec_ok()
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:
         summary_path = os.path.join(tmp, "summary.json")
-        worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
-                       "--ranks", str(rc.ranks), "--steps", str(rc.steps),
-                       "--summary-json", summary_path]
-        argv = mpiexec_command(rc.start_ranks, worker_args, hosts)
-        env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-        if hosts and all(_is_this_host(h) for h in hosts):
-            # Inside a Slurm step on this host: without the SLURM_* variables mpiexec starts
-            # the ranks itself instead of asking srun for daemons (which the step blocks).
-            env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
-            env.update(watch_variables(os.environ))  # rank 0 still watches the allocation
-        stdout = sys.stderr if args.json else None
-        proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-        rank_error = ""
-        try:
-            assert proc.stderr is not None
-            deadline = time.monotonic() + args.timeout_s
-            for line in proc.stderr:
-                if line.startswith(ERROR_MARK) and not rank_error:
-                    rank_error = line[len(ERROR_MARK):].strip()
-                elif line.startswith("nereus: "):
-                    print(line.rstrip(), file=sys.stderr)
-                if time.monotonic() > deadline:
-                    raise subprocess.TimeoutExpired(argv, args.timeout_s)
-            rc_code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            raise LaunchError(f"nereus run: the ranks did not finish within {args.timeout_s:g} s "
-                              "(killed)") from None
-        except KeyboardInterrupt:
-            _kill(proc)
-            raise
-        if rc_code in (EXIT_CONFIG, EXIT_INFEASIBLE):
-            return rc_code  # the worker printed the agreed one-line error
-        if rc_code != 0:
-            if not rank_error:  # the marker line may be lost when MPI_Abort ends the job
-                rank_error = _rank_error_file(tmp)
-            detail = rank_error or f"mpiexec exited with status {rc_code}"
-            raise LaunchError(f"rank failure: {detail}")
+        deadline = time.monotonic() + args.timeout_s
+        code, rank_error = _launch(args, rc, log, hosts, tmp, summary_path, deadline, {})
+        attempt, segment, names = 0, log, _node_names(setup)
+        while code != 0:
+            from nereus.runtime.relaunch import runtime_died
+            from nereus.runtime.worker import EXIT_CONFIG, EXIT_INFEASIBLE
+
+            if code in (EXIT_CONFIG, EXIT_INFEASIBLE):
+                return code  # the worker printed the agreed one-line error
+            rank_error = rank_error or _rank_error_file(tmp)
+            if not runtime_died(code, rank_error, (EXIT_CONFIG, EXIT_INFEASIBLE)) \
+                    or attempt >= rc.failures.relaunch:
+                detail = rank_error or f"mpiexec exited with status {code}"
+                raise LaunchError(f"rank failure: {detail}")
+            attempt += 1
+            rc, setup, segment, hosts, names, env = _relaunch_setup(
+                args, rc, setup, log, segment, hosts, names, attempt, code, tmp)
+            code, rank_error = _launch(args, rc, segment, hosts, tmp, summary_path, deadline,
+                                       env)
         if args.json:
             with open(summary_path, encoding="utf-8") as fh:
-                print(json.dumps({"log": log, **json.load(fh)}))
+                extra = {"relaunches": attempt, "log_segments": [log] + [
+                    segment_name for segment_name in _segments(log, attempt)]}
+                print(json.dumps({"log": segment, **json.load(fh), **extra}))
         else:
-            print(f"log: {log}  (read it with: nereus report {log})")
+            print(f"log: {segment}  (read it with: nereus report {segment})")
     return 0
+
+
+def _segments(log: str, attempts: int) -> list[str]:
+    from nereus.runtime.relaunch import segment_log
+
+    return [segment_log(log, k) for k in range(1, attempts + 1)]
+
+
+def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...], tmp: str,
+            summary_path: str, deadline: float, env_extra: dict[str, str]) -> tuple[int, str]:
+    """Start the ranks with mpiexec and wait: (mpiexec's exit status, the first rank error)."""
+    from nereus.cluster.env import watch_variables
+    from nereus.runtime.worker import ERROR_MARK
+
+    for name in os.listdir(tmp):  # a previous attempt's rank errors
+        if name.startswith("rank-error-"):
+            os.remove(os.path.join(tmp, name))
+    worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
+                   "--ranks", str(rc.ranks), "--steps", str(rc.steps),
+                   "--summary-json", summary_path]
+    argv = mpiexec_command(rc.start_ranks, worker_args, hosts)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    if hosts and all(_is_this_host(h) for h in hosts):
+        # Inside a Slurm step on this host: without the SLURM_* variables mpiexec starts
+        # the ranks itself instead of asking srun for daemons (which the step blocks).
+        env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+        env.update(watch_variables(os.environ))  # rank 0 still watches the allocation
+    env.update(env_extra)
+    stdout = sys.stderr if args.json else None
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    rank_error = ""
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith(ERROR_MARK) and not rank_error:
+                rank_error = line[len(ERROR_MARK):].strip()
+            elif line.startswith("nereus: "):
+                print(line.rstrip(), file=sys.stderr)
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(argv, args.timeout_s)
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise LaunchError(f"nereus run: the ranks did not finish within {args.timeout_s:g} s "
+                          "(killed)") from None
+    except KeyboardInterrupt:
+        _kill(proc)
+        raise
+    if code != 0:
+        _kill(proc)  # whatever the dead runtime left behind in the job's session
+    return code, rank_error
+
+
+def _node_names(setup: Any) -> tuple[str, ...]:
+    """The run's virtual nodes by name: the Slurm step's nodes in order, else node0, node1, …"""
+    from nereus.cluster.env import watch_target
+
+    n_nodes = setup.cluster.nodes
+    target = watch_target(os.environ)
+    if target is not None and len(target.nodes) >= n_nodes:
+        return tuple(target.nodes[:n_nodes])
+    return tuple(f"node{i}" for i in range(n_nodes))
+
+
+def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: str, log: str,
+                    hosts: tuple[str, ...], names: tuple[str, ...], attempt: int, code: int,
+                    tmp: str) -> tuple[Any, Any, str, tuple[str, ...], tuple[str, ...],
+                                       dict[str, str]]:
+    """After the MPI runtime died: the survivors, a config for them and the next log segment
+    (``names``: the current run's nodes, as :func:`_node_names` gave them)."""
+    import yaml
+
+    from nereus.cluster.env import WATCH_NODES, watch_target
+    from nereus.config.load import load_raw
+    from nereus.runtime.relaunch import (
+        checkpoint_dir,
+        newest_checkpoint_step,
+        segment_log,
+        surviving_nodes,
+        survivor_config,
+    )
+
+    gpn = setup.cluster.gpus_per_node
+    n_nodes = len(names)
+    target = watch_target(os.environ)
+    if target is not None and not set(names) <= set(target.nodes):
+        target = None  # not a Slurm run of these nodes
+    slurm_pool = None
+    if target is not None:
+        from nereus.cluster.slurm_watch import SlurmWatcher, make_subprocess_runner
+
+        watcher = SlurmWatcher(target.job_id, watched=names,
+                               runner=make_subprocess_runner(env=dict(target.command_env)))
+
+        def slurm_pool() -> tuple[str, ...]:
+            return watcher.observe().pool
+
+    survivors, how = surviving_nodes(names, gpn, log, slurm_pool=slurm_pool,
+                                     wait_s=rc.failures.relaunch_wait_s)
+    ckpt = os.path.abspath(checkpoint_dir(first_log, rc.failures.checkpoint_dir))
+    step = newest_checkpoint_step(ckpt)
+    lost = [names[i] for i in range(n_nodes) if i not in survivors]
+    why = f"the MPI runtime died (mpiexec exit {code}); nodes lost: {', '.join(lost) or 'none'}"
+    if step is None:
+        raise LaunchError(f"rank failure: {why}; no checkpoint in {ckpt} to relaunch from")
+    if not survivors:
+        raise LaunchError(f"rank failure: {why}; no node survived")
+    derived = os.path.join(tmp, f"relaunch-{attempt}.yaml")
+    with open(derived, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(survivor_config(load_raw(args.config), survivors, ckpt), fh)
+    segment = segment_log(first_log, attempt)
+    print(f"nereus: {why} ({how}); relaunch {attempt}/{rc.failures.relaunch} on "
+          f"{len(survivors)} node(s) from the checkpoint of step {step}, log {segment}",
+          file=sys.stderr, flush=True)
+    sub = argparse.Namespace(**{**vars(args), "config": derived,
+                                "ranks": len(survivors) * gpn, "log": segment})
+    rc2, setup2, _ = _check(sub)
+    args.config = derived  # a later relaunch starts from this one's nodes and numbering
+    kept = tuple(names[i] for i in survivors)
+    env: dict[str, str] = {}
+    if target is not None:
+        env[WATCH_NODES] = ",".join(kept)
+    new_hosts = tuple(hosts[i] for i in survivors) if hosts else ()
+    return rc2, setup2, segment, new_hosts, kept, env
 
 
 def _rank_error_file(tmp: str) -> str:

@@ -4,9 +4,15 @@ Keys (all optional): ``checkpoint_every`` (write the logical state every k steps
 whose every replica of some model-stage died can resume; 0 = never, the default),
 ``checkpoint_dir`` (default: ``<log>.ckpt`` beside the run log), ``resume`` (a checkpoint
 directory to start from: its newest checkpoint's state and step — the restart baseline),
-``kill`` (a list of ``{node: n, at_step: k, phase: step|transition, after_s: t}``: every rank of
-virtual node n kills itself with SIGKILL ``after_s`` seconds into step k, or into the plan change
-after step k — real process deaths at chosen moments, for tests and benchmarks).
+``kill`` (a list of ``{node: n, at_step: k, phase: step|transition, after_s: t, runtime: b}``:
+every rank of virtual node n kills itself with SIGKILL ``after_s`` seconds into step k, or into the
+plan change after step k — real process deaths at chosen moments, for tests and benchmarks; with
+``runtime: true`` the dying ranks take the MPI runtime down with them, as when Open MPI loses the
+daemon of a dead node and ends the whole job), ``relaunch`` (how many times ``nereus run`` starts
+the job again on the surviving nodes from the newest checkpoint when the MPI runtime itself died;
+default 1 when ``checkpoint_every`` > 0, else 0; > 0 needs ``checkpoint_every`` > 0),
+``relaunch_wait_s`` (under Slurm, how long the launcher waits for the scheduler to report the
+failed node before relaunching on every node of the step; default 60).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from typing import Any
 from nereus.config import fields as f
 from nereus.errors import ConfigError
 
-KEYS = ("checkpoint_every", "checkpoint_dir", "resume", "kill")
+KEYS = ("checkpoint_every", "checkpoint_dir", "resume", "kill", "relaunch", "relaunch_wait_s")
+KILL_KEYS = ("node", "at_step", "phase", "after_s", "runtime")
 PHASES = ("step", "transition")
 
 
@@ -27,10 +34,11 @@ class Kill:
     at_step: int
     phase: str = "step"
     after_s: float = 0.0
+    runtime: bool = False  # the MPI runtime dies too (Open MPI losing a node's daemon)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "at_step": self.at_step, "phase": self.phase,
-                "after_s": self.after_s}
+                "after_s": self.after_s, "runtime": self.runtime}
 
 
 @dataclass(frozen=True)
@@ -39,10 +47,13 @@ class FailureOptions:
     checkpoint_dir: str = ""
     resume: str = ""
     kill: tuple[Kill, ...] = ()
+    relaunch: int = 0
+    relaunch_wait_s: float = 60.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"checkpoint_every": self.checkpoint_every, "checkpoint_dir": self.checkpoint_dir,
-                "resume": self.resume, "kill": [k.to_dict() for k in self.kill]}
+                "resume": self.resume, "kill": [k.to_dict() for k in self.kill],
+                "relaunch": self.relaunch, "relaunch_wait_s": self.relaunch_wait_s}
 
     @staticmethod
     def from_dict(d: Any) -> FailureOptions:
@@ -51,7 +62,9 @@ class FailureOptions:
         return FailureOptions(int(d["checkpoint_every"]), str(d["checkpoint_dir"]),
                               str(d["resume"]),
                               tuple(Kill(int(k["node"]), int(k["at_step"]), str(k["phase"]),
-                                         float(k["after_s"])) for k in d["kill"]))
+                                         float(k["after_s"]), bool(k.get("runtime", False)))
+                                    for k in d["kill"]),
+                              int(d.get("relaunch", 0)), float(d.get("relaunch_wait_s", 60.0)))
 
     def kills_at(self, node: int, step: int, phase: str) -> list[Kill]:
         return [k for k in self.kill if (k.node, k.at_step, k.phase) == (node, step, phase)]
@@ -69,7 +82,7 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
         raise ConfigError(f.join(path, "kill"), kill_raw, "must be a list")
     for i, k in enumerate(kill_raw):
         kp = f"{path}.kill[{i}]"
-        k = f.mapping(kp, k, ("node", "at_step", "phase", "after_s"))
+        k = f.mapping(kp, k, KILL_KEYS)
         node = f.non_negative_int(f.join(kp, "node"), k.get("node"))
         if node >= nodes:
             raise ConfigError(f.join(kp, "node"), node, f"must be < nodes={nodes}")
@@ -78,6 +91,16 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
             raise ConfigError(f.join(kp, "at_step"), at, f"must be < steps={steps}")
         phase = f.choice(f.join(kp, "phase"), k.get("phase", "step"), PHASES)
         after = f.non_negative_float(f.join(kp, "after_s"), k.get("after_s", 0.0))
-        kills.append(Kill(node, at, phase, after))
+        runtime = k.get("runtime", False)
+        if not isinstance(runtime, bool):
+            raise ConfigError(f.join(kp, "runtime"), runtime, "must be true or false")
+        kills.append(Kill(node, at, phase, after, runtime))
+    relaunch = f.non_negative_int(f.join(path, "relaunch"),
+                                  raw.get("relaunch", 1 if every > 0 else 0))
+    if relaunch and not every:
+        raise ConfigError(f.join(path, "relaunch"), relaunch,
+                          "needs checkpoint_every > 0 (a relaunch resumes from a checkpoint)")
+    wait_s = f.non_negative_float(f.join(path, "relaunch_wait_s"),
+                                  raw.get("relaunch_wait_s", 60.0))
     return FailureOptions(every, str(raw.get("checkpoint_dir", "")), str(raw.get("resume", "")),
-                          tuple(kills))
+                          tuple(kills), relaunch, wait_s)

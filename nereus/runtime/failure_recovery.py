@@ -199,11 +199,16 @@ class FailureHandler:
             return
         self._armed.add((step, phase))
         delay_s, path = kills[0].after_s, f"{self.log_path}.kills"
+        with_runtime = kills[0].runtime
 
         def die() -> None:
             time.sleep(delay_s)
             with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as fh:
-                fh.write(f"{self.original[rank]} {time.time():.6f}\n")
+                fh.write(f"{self.original[rank]} {time.time():.6f}"
+                         f"{' runtime' if with_runtime else ''}\n")
+            if with_runtime:  # the rank's MPI daemon dies with its node: the job ends
+                with contextlib.suppress(OSError):
+                    os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=die, daemon=True).start()

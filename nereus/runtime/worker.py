@@ -55,8 +55,21 @@ def _agree(plane: Any, fn: Any) -> Any:
     return out
 
 
+def _die_with_parent() -> None:
+    """Die when the process that started this rank dies — Open MPI's daemon, or srun's step
+    daemon — as the ranks of a lost node do; no orphaned rank keeps running after its MPI
+    runtime is gone (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if __name__ == "__main__":  # started by a launcher, not called in-process
+        _die_with_parent()
     import torch
 
     torch.set_num_threads(1)
