@@ -8,7 +8,8 @@ mask. Prefill returns only the last position's logits; each decode step feeds on
 
 Sampling is inverse-CDF with uniforms drawn per *global sample index* (not per replica), so the
 same seed gives the same tokens under any DP/TP layout up to floating-point reduction order.
-On GPU clusters this interface is served by vLLM (not installed here: that path is not built).
+This is the CPU engine behind :class:`nereus.engines.backend.GenerationEngine`; on GPU clusters
+``runtime.generation: vllm`` serves the same interface with vLLM (:mod:`nereus.engines.vllm_engine`).
 """
 
 from __future__ import annotations
