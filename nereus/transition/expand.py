@@ -68,12 +68,15 @@ def local_records(loc: LocalArrays, state_bytes: int, rep: int) -> list[Primitiv
 
 def local_edge_arrays(loc: LocalArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(before, after, kind code) in the order the reference appends them."""
-    e = loc.edges
-    if not e.a:
+    chunks = loc.edges.chunks
+    if not chunks:
         z = np.zeros(0, dtype=np.int64)
         return z, z, z.astype(np.int8)
-    a, b = np.concatenate(e.a), np.concatenate(e.b)
-    kind, key = np.concatenate(e.kind), np.concatenate(e.key)
+    a = np.concatenate([c[0] for c in chunks])
+    b = np.concatenate([c[1] for c in chunks])
+    kind = np.concatenate([np.full(c[0].size, c[2], dtype=np.int8) for c in chunks])
+    key = np.concatenate([(np.int64(c[3]) << 60) + (c[4] << 40) + (np.asarray(c[5]) << 20)
+                          + np.asarray(c[6]) for c in chunks])
     perm = np.argsort(key, kind="stable")
     return a[perm], b[perm], kind[perm]
 

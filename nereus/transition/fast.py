@@ -13,7 +13,7 @@ which gives the same DAG or raises the same error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, groupby
@@ -21,9 +21,10 @@ from operator import attrgetter
 
 import numpy as np
 
-from nereus.emu.unit import Emu, Layout
+from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import ClusterSpec
+from nereus.spec.plan import ExecutionPlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand, order_memory
@@ -68,6 +69,15 @@ class PlannedTransition:
         return longest_path(b.topo, durations(b.blocks, b.n, cluster))
 
 
+def _units(given: tuple[Emu, ...] | None, sides: dict[str, _Side]
+           ) -> tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...]:
+    """The units as given, or (model-stage, state, layout, rows) per model-stage to build them
+    from when expanding."""
+    if given is not None:
+        return given
+    return tuple((m, sd.state, sd.lay, sd.rows) for m, sd in sides.items())
+
+
 @dataclass
 class _Side:
     """One model-stage's units on one side as rows of GPU ids (one layout)."""
@@ -95,6 +105,34 @@ def _sides(units: Sequence[Emu]) -> dict[str, _Side] | None:
         rows = np.fromiter(chain.from_iterable(map(_GPUS, lst)), dtype=np.int64,
                            count=len(lst) * lay.size).reshape(len(lst), lay.size)
         out[m] = _Side(lay, rows, states.pop())
+    return out
+
+
+def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
+                alive: np.ndarray | None) -> dict[str, _Side] | None:
+    """:func:`_sides` of ``emus_of_plan(plan, states)`` (units on GPUs outside ``alive`` left
+    out); None when a replica is malformed (the reference reports it)."""
+    out: dict[str, _Side] = {}
+    for sp in plan.stages:
+        size = sp.tp * sp.pp
+        reps = sp.replicas
+        if sp.name in out or sp.name not in states:
+            return None
+        if not reps:
+            continue
+        if set(map(len, reps)) != {size}:
+            return None
+        rows = np.fromiter(chain.from_iterable(reps), dtype=np.int64,
+                           count=len(reps) * size).reshape(len(reps), size)
+        if alive is not None:
+            if rows.min() < 0:
+                return None
+            inside = rows < alive.size
+            inside[inside] = alive[rows[inside]]
+            rows = rows[inside.all(1)]
+            if not rows.shape[0]:
+                continue
+        out[sp.name] = _Side(Layout(sp.tp, sp.pp), rows, states[sp.name])
     return out
 
 
@@ -139,8 +177,10 @@ def plan_transition(
     """:func:`compile.compile_transition` (same arguments, same DAG, same errors), batched."""
     got = None
     if not reserved_bytes and (capacity_bytes is None or isinstance(capacity_bytes, int)):
-        got = _plan(source, target, sizer, capacity_bytes, stage_rank, spare_gpus, conflicts,
-                    replicated)
+        src, tgt = _sides(source), _sides(target)
+        if src is not None and tgt is not None:
+            got = _plan(src, tgt, tuple(source), tuple(target), sizer, capacity_bytes,
+                        stage_rank, spare_gpus, conflicts, replicated)
     if got is not None:
         return PlannedTransition(got)
     return PlannedTransition(None, compile_transition(
@@ -149,9 +189,56 @@ def plan_transition(
         replicated=replicated))
 
 
+def plan_plans(
+    current: ExecutionPlan,
+    target: ExecutionPlan,
+    states: Mapping[str, str],
+    sizer: StateSizer,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    stage_rank: Mapping[str, int] | None = None,
+    spare_gpus: Sequence[int] = (),
+    conflicts: ConflictSpec = None,
+    replicated: StateSizer | None = None,
+    alive: Collection[int] | None = None,
+) -> PlannedTransition:
+    """:func:`plan_transition` from the units of ``current`` (those whose GPUs are all in
+    ``alive``, when given) to the units of ``target`` (as :func:`compile.compile_plans`), read
+    straight from the plans' replica tuples."""
+    got = None
+    if not reserved_bytes and (capacity_bytes is None or isinstance(capacity_bytes, int)):
+        mask = None
+        ok = True
+        if alive is not None:
+            ids = np.fromiter(alive, dtype=np.int64)
+            ok = not ids.size or int(ids.min()) >= 0
+            mask = np.zeros(int(ids.max()) + 1 if ids.size and ok else 0, dtype=bool)
+            if ok:
+                mask[ids] = True
+        src = _plan_sides(current, states, mask) if ok else None
+        tgt = _plan_sides(target, states, None)
+        if src is not None and tgt is not None:
+            got = _plan(src, tgt, None, None, sizer, capacity_bytes, stage_rank, spare_gpus,
+                        conflicts, replicated)
+    if got is not None:
+        return PlannedTransition(got)
+    st = dict(states)
+    units = emus_of_plan(current, st)
+    if alive is not None:
+        live = set(alive)
+        units = tuple(u for u in units if live.issuperset(u.gpus))
+    return PlannedTransition(None, compile_transition(
+        units, emus_of_plan(target, st), sizer, capacity_bytes=capacity_bytes,
+        reserved_bytes=reserved_bytes, stage_rank=stage_rank, spare_gpus=spare_gpus,
+        conflicts=conflicts, replicated=replicated))
+
+
 def _plan(
-    source: Sequence[Emu],
-    target: Sequence[Emu],
+    src: dict[str, _Side],
+    tgt: dict[str, _Side],
+    source: tuple[Emu, ...] | None,
+    target: tuple[Emu, ...] | None,
     sizer: StateSizer,
     capacity: int | None,
     stage_rank: Mapping[str, int] | None,
@@ -159,14 +246,13 @@ def _plan(
     conflicts: ConflictSpec,
     replicated: StateSizer | None,
 ) -> BatchedDag | None:
-    src, tgt = _sides(source), _sides(target)
-    if src is None or tgt is None:
-        return None
     excl = exclusion_for(set(src) | set(tgt), conflicts)
     if any(m not in src or src[m].state != t.state for m, t in tgt.items()):
         return None  # the reference reports it
     everything = [s.rows for s in chain(src.values(), tgt.values())]
-    size = max([int(r.max()) + 1 for r in everything if r.size] + [max(spare_gpus, default=-1) + 1, 1])
+    if min([int(r.min()) for r in everything] + [min(spare_gpus, default=0)]) < 0:
+        return None  # GPU ids index arrays here
+    size = max([int(r.max()) + 1 for r in everything] + [max(spare_gpus, default=-1) + 1, 1])
     bit = excl.index
     src_own, tgt_own = _owners(src, bit, size), _owners(tgt, bit, size)
     if src_own is None or tgt_own is None or not _independent(excl, src_own) \
@@ -174,9 +260,15 @@ def _plan(
         return None  # an invalid collection: the reference raises
     rank = dict(stage_rank or {})
     names = sorted(src, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
-    excl_bits = {m: sum(1 << bit[c] for c in excl.names if excl.exclusive(m, c)) for m in names}
-    held_for = {m: (src_own & excl_bits[m]) != 0 for m in names}
-    target_for = {m: (tgt_own & excl_bits[m]) != 0 for m in names}
+    if excl.pairs is None:  # every model-stage holds a GPU against every other
+        held_all, target_all = src_own != 0, tgt_own != 0
+        held_for = dict.fromkeys(names, held_all)
+        target_for = dict.fromkeys(names, target_all)
+    else:
+        excl_bits = {m: sum(1 << bit[c] for c in excl.names if excl.exclusive(m, c))
+                     for m in names}
+        held_for = {m: (src_own & excl_bits[m]) != 0 for m in names}
+        target_for = {m: (tgt_own & excl_bits[m]) != 0 for m in names}
     by_src: dict[str, np.ndarray] = {}
     in_place: dict[str, np.ndarray] = {}
     by_tgt: dict[str, np.ndarray] = {}
@@ -189,7 +281,11 @@ def _plan(
         tab = np.full(size, -1, dtype=np.int64)
         tab[t.rows[:, 0]] = np.arange(t.rows.shape[0])
         hit = tab[s.rows[:, 0]]
-        same = (hit >= 0) & (t.rows[hit] == s.rows).all(1)
+        same = (t.rows[hit] == s.rows).all(1)
+        same &= hit >= 0
+        if not same.any():
+            by_src[m], in_place[m], by_tgt[m] = s.rows, s.rows[:0], t.rows
+            continue
         by_src[m], in_place[m] = s.rows[~same], s.rows[same]
         matched = np.zeros(t.rows.shape[0], dtype=bool)
         matched[hit[same]] = True
@@ -264,8 +360,8 @@ def _plan(
         locs[m] = got
     exhausted: set[str] = set()
     while True:
-        dag, cycle = assemble(source, target, names, locs, rank, excl, state_of, rep_of,
-                              replicated is not None)
+        dag, cycle = assemble(_units(source, src), _units(target, tgt), names, locs, rank,
+                              excl, state_of, rep_of, replicated is not None)
         if not cycle:
             break
         for m in dict.fromkeys(cycle):

@@ -17,6 +17,7 @@ from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_o
 from nereus.transition.fast_local import EDGE_CODES, EXTEND, RESOURCE, Block, LocalArrays
 from nereus.transition.phases import order_for_memory
 from nereus.transition.primitives import shard_bytes
+from nereus.transition.regions import new_emu
 from nereus.transition.residency import Exclusion
 
 
@@ -24,14 +25,16 @@ from nereus.transition.residency import Exclusion
 class BatchedDag:
     """The global DAG with primitives in blocks and edges as arrays.
 
-    Primitive indices are those of the expanded DAG: the local DAGs of ``names`` one after
-    another (``offsets``). Edges: each local DAG's, the resource edges (``res_a → res_b``), then
+    ``source``/``target``: the units, or (model-stage, state, layout, GPU rows) per model-stage
+    in unit order, built into units when expanding. Primitive indices are those of the expanded DAG: the local DAGs of ``names`` one after
+    another (``offsets``). Edges: each local DAG's, the resource edges (``res_a → res_b``, once
+    per GPU the Destroy frees for the Extend: made unique when expanding), then
     ``extra`` (the "memory" edges of co-resident model-stages). ``topo`` levels all of them.
     ``expanded`` is the per-primitive DAG where building it was part of planning.
     """
 
-    source: tuple[Emu, ...]
-    target: tuple[Emu, ...]
+    source: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...]
+    target: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...]
     names: tuple[str, ...]
     stages: tuple[LocalArrays, ...]
     offsets: tuple[int, ...]
@@ -55,17 +58,25 @@ class BatchedDag:
 
 
 def _edges(locs: Sequence[LocalArrays], offsets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    a = [np.concatenate(loc.edges.a) + off for loc, off in zip(locs, offsets, strict=True)
-         if loc.edges.a]
-    b = [np.concatenate(loc.edges.b) + off for loc, off in zip(locs, offsets, strict=True)
-         if loc.edges.b]
-    z = np.zeros(0, dtype=np.int64)
-    return (np.concatenate(a) if a else z), (np.concatenate(b) if b else z)
+    a: list[np.ndarray] = []
+    b: list[np.ndarray] = []
+    shift: list[int] = []
+    for loc, off in zip(locs, offsets, strict=True):
+        for c in loc.edges.chunks:
+            a.append(c[0])
+            b.append(c[1])
+            shift.append(off)
+    if not a:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z
+    sizes = [x.size for x in a]
+    add = np.repeat(np.array(shift, dtype=np.int64), sizes)
+    return np.concatenate(a) + add, np.concatenate(b) + add
 
 
 def assemble(
-    source: Sequence[Emu],
-    target: Sequence[Emu],
+    source: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...],
+    target: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...],
     names: list[str],
     locs: Mapping[str, LocalArrays],
     rank: Mapping[str, int],
@@ -83,34 +94,39 @@ def assemble(
         offsets.append(n)
         n += loc.n
     # release: per model-stage and GPU the global index of the Destroy that frees it
-    rel = np.stack([np.where(loc.release >= 0, loc.release + off, -1)
-                    for loc, off in zip(stages, offsets, strict=True)])
-    keys: list[np.ndarray] = []
-    for k, (m, loc, off) in enumerate(zip(names, stages, offsets, strict=True)):
+    off_col = np.array(offsets, dtype=np.int64)[:, None]
+    rel = np.stack([loc.release for loc in stages]) + off_col
+    rel[rel < off_col] = -1
+    res_a: list[np.ndarray] = []
+    res_b: list[np.ndarray] = []
+    for m, loc, off in zip(names, stages, offsets, strict=True):
         rows = [c for c, other in enumerate(names) if excl.conflicts(other, m)]
         if not rows:
             continue
+        sub = rel[rows]
         for blk in loc.blocks:
             if blk.kind != EXTEND or not blk.count:
                 continue
             assert blk.new is not None
-            d = rel[rows][:, blk.new]  # (stages × Extends × GPUs)
+            d = sub[:, blk.new]  # (stages × Extends × GPUs)
             has = d >= 0
-            if has.any():
-                idx = np.broadcast_to((off + blk.start + np.arange(blk.count))[:, None],
-                                      blk.new.shape)
-                keys.append(np.broadcast_to(idx, d.shape)[has] * n + d[has])
-        del k
-    res = np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
-    res_a, res_b = res % max(n, 1), res // max(n, 1)
+            if np.count_nonzero(has):
+                idx = np.zeros(d.shape, dtype=np.int64)
+                idx += (off + blk.start + np.arange(blk.count))[:, None]
+                res_a.append(d[has])
+                res_b.append(idx[has])
+    # raw: an Extend meets a Destroy once per GPU it frees (sorted and made unique when
+    # expanding; duplicates change neither depth nor critical path)
+    res_a_arr = np.concatenate(res_a) if res_a else np.zeros(0, dtype=np.int64)
+    res_b_arr = np.concatenate(res_b) if res_b else np.zeros(0, dtype=np.int64)
     la, lb = _edges(stages, offsets)
-    a, b = np.concatenate([la, res_a]), np.concatenate([lb, res_b])
+    a, b = np.concatenate([la, res_a_arr]), np.concatenate([lb, res_b_arr])
     topo = levels(n, a, b)
     blocks = tuple((off, blk, state_of[m], rep_of[m])
                    for m, loc, off in zip(names, stages, offsets, strict=True)
                    for blk in loc.blocks)
     dag = BatchedDag(
-        tuple(source), tuple(target), tuple(names), stages, tuple(offsets), n, res_a, res_b,
+        source, target, tuple(names), stages, tuple(offsets), n, res_a_arr, res_b_arr,
         blocks, tuple(rank.get(m, default_stage_rank(m)) for m in names), topo,
         tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None),
         excl.pairs, tuple((m, state_of[m]) for m in sorted(names)),
@@ -118,7 +134,20 @@ def assemble(
     if topo.ok:
         return dag, []
     stage_of = [m for m, loc in zip(names, stages, strict=True) for _ in range(loc.n)]
+    assert topo.level is not None
     return dag, cycle_names(n, a, b, topo.level, stage_of)
+
+
+def _emus_of(units: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...]
+             ) -> tuple[Emu, ...]:
+    out: list[Emu] = []
+    for u in units:
+        if isinstance(u, Emu):
+            out.append(u)
+        else:
+            m, state, lay, rows = u
+            out += [new_emu(m, state, lay, tuple(r)) for r in rows.tolist()]
+    return tuple(out)
 
 
 def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ...]]]:
@@ -136,11 +165,13 @@ def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ..
         edges += [(x + off, y + off, EDGE_CODES[z])
                   for x, y, z in zip(la.tolist(), lb.tolist(), lk.tolist(), strict=True)]
     kind = EDGE_CODES[RESOURCE]
-    edges += [(x, y, kind) for x, y in zip(b.res_a.tolist(), b.res_b.tolist(), strict=True)]
+    keys_res = np.unique(b.res_b * max(b.n, 1) + b.res_a)  # by Extend, then Destroy
+    edges += [(x, y, kind) for x, y in zip((keys_res % max(b.n, 1)).tolist(),
+                                           (keys_res // max(b.n, 1)).tolist(), strict=True)]
     edges = list(dict.fromkeys(edges))
     order = priority_order(b.n, edges, keys)
-    dag = TransitionDag(b.source, b.target, tuple(prims), tuple(edges), tuple(order), b.t_sub,
-                        b.conflicts, b.state_bytes, b.replicated_bytes)
+    dag = TransitionDag(_emus_of(b.source), _emus_of(b.target), tuple(prims), tuple(edges),
+                        tuple(order), b.t_sub, b.conflicts, b.state_bytes, b.replicated_bytes)
     return dag, []
 
 

@@ -43,55 +43,71 @@ def flow_template(kind: int, tp: int, pp: int, sub_tp: int, sub_pp: int, groupin
     return out
 
 
-def _busiest(rows: np.ndarray, tpl: tuple[np.ndarray, np.ndarray, np.ndarray], gpn: int,
-             intra: float, inter: float) -> np.ndarray:
-    """Per row: the most seconds one GPU spends sending or receiving (as ``cost._busiest_s``)."""
+def _busiest(rows: np.ndarray, tpl: tuple[np.ndarray, np.ndarray, np.ndarray],
+             nodes: np.ndarray, intra: float, inter: float) -> np.ndarray:
+    """Per row: the most seconds one GPU spends sending or receiving (``cost._busiest_s``:
+    per GPU the flows' seconds added in flow order)."""
     fa, fb, nb = tpl
     k, size = rows.shape
     if not fa.size:
         return np.zeros(k)
-    src, dst = rows[:, fa], rows[:, fb]
-    t = nb / np.where(src // gpn == dst // gpn, intra, inter)
+    t = (nb / np.where(nodes[:, fa] == nodes[:, fb], intra, inter)).reshape(-1)
     base = (np.arange(k) * size)[:, None]
-    send = np.zeros(k * size)
-    recv = np.zeros(k * size)
-    np.add.at(send, (base + fa).reshape(-1), t.reshape(-1))
-    np.add.at(recv, (base + fb).reshape(-1), t.reshape(-1))
+    send = np.bincount((base + fa).reshape(-1), weights=t, minlength=k * size)
+    recv = np.bincount((base + fb).reshape(-1), weights=t, minlength=k * size)
     out: np.ndarray = np.maximum(send.reshape(k, size).max(1), recv.reshape(k, size).max(1))
     return np.maximum(out, 0.0)
+
+
+@lru_cache(maxsize=4096)
+def _one_node_s(kind: int, tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: int,
+                state_bytes: int, rep: int, intra: float, setup_s: float) -> float:
+    """Seconds of a Split or Merge whose GPUs share one node (every flow intra-node)."""
+    tpl = flow_template(kind, tp, pp, sub_tp, sub_pp, grouping, state_bytes, rep)
+    rows = np.arange(tp * pp)[None, :]
+    return float(setup_s + _busiest(rows, tpl, np.zeros_like(rows), intra, intra)[0])
 
 
 def block_durations(blk: Block, state_bytes: int, rep: int, gpn: int, intra: float,
                     inter: float, setup_s: float) -> np.ndarray:
     """Seconds per primitive of ``blk`` (``cost._duration_s``)."""
-    k = blk.count
-    if blk.kind == DESTROY:
-        return np.zeros(k)
+    k = blk.rows.shape[0]
     lay = blk.lay
+    nodes = blk.rows // gpn
     if blk.kind == EXTEND:
         assert blk.new is not None
         sb = shard_bytes(state_bytes, lay, rep)
-        cross = (blk.rows // gpn != blk.new // gpn).any(1)
-        return setup_s + sb / np.where(cross, inter, intra)
+        same = nodes == blk.new // gpn
+        if same.all():
+            return np.full(k, setup_s + sb / intra)
+        return setup_s + sb / np.where(same.all(1), intra, inter)
     sub = blk.sub
     assert sub is not None and blk.grouping is not None
+    one_all = bool((nodes == nodes[:, :1]).all())
+    one = None if one_all else (nodes == nodes[:, :1]).all(1)
     out = np.empty(k)
-    done = np.zeros(k, dtype=bool)
-    if blk.kind == SPLIT and not rep:
-        nodes = blk.rows // gpn
-        one = nodes.min(1) == nodes.max(1)
-        if groupings_differ(lay, sub):
-            one &= blk.grouping == INTERLEAVED
-        if one.any():
-            parts = lay.size // sub.size
-            out[one] = setup_s + (parts - 1) * round(state_bytes / lay.size) / intra
-            done = one
-    for g in (INTERLEAVED, CONTIGUOUS):
-        sel = (blk.grouping == g) & ~done
-        if sel.any():
+    for g in (INTERLEAVED, CONTIGUOUS) if blk.contiguous else (INTERLEAVED,):
+        sel = None if not blk.contiguous else blk.grouping == g
+        here = sel if one_all else one if sel is None else sel & one
+        if here is None or here.any():
+            if blk.kind == SPLIT and not rep and (g == INTERLEAVED or not groupings_differ(lay, sub)):
+                # position-wise all-gather inside a node: (k - 1) shards in and out per GPU
+                parts = lay.size // sub.size
+                value = setup_s + (parts - 1) * round(state_bytes / lay.size) / intra
+            else:
+                value = _one_node_s(blk.kind, lay.tp, lay.pp, sub.tp, sub.pp, g, state_bytes, rep,
+                                    intra, setup_s)
+            if here is None:
+                out.fill(value)
+            else:
+                out[here] = value
+        if one_all:
+            continue
+        assert one is not None
+        spread = ~one if sel is None else sel & ~one
+        if spread.any():
             tpl = flow_template(blk.kind, lay.tp, lay.pp, sub.tp, sub.pp, g, state_bytes, rep)
-            rows = blk.rows if sel.all() else blk.rows[sel]
-            out[sel] = setup_s + _busiest(rows, tpl, gpn, intra, inter)
+            out[spread] = setup_s + _busiest(blk.rows[spread], tpl, nodes[spread], intra, inter)
     return out
 
 
@@ -102,8 +118,8 @@ def durations(blocks: Sequence[tuple[int, Block, int, int]], n: int, cluster: Cl
     gpn, intra, inter = cluster.gpus_per_node, gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
     out = np.zeros(n)
     for off, blk, sb, rep in blocks:
-        if blk.kind != DESTROY and blk.count:
+        if blk.kind != DESTROY:
             lo = off + blk.start
-            out[lo:lo + blk.count] = block_durations(blk, sb, rep, gpn, intra, inter,
-                                                     gpu.comm_setup_s)
+            out[lo:lo + blk.rows.shape[0]] = block_durations(blk, sb, rep, gpn, intra, inter,
+                                                             gpu.comm_setup_s)
     return out

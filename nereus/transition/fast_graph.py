@@ -12,69 +12,69 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Levels:
-    """Nodes grouped by their longest distance (in edges) from a source of the DAG.
+    """Acyclicity and depth of a DAG given as edge arrays ``a → b``.
 
-    ``nodes`` lists the ordered nodes level after level (``node_start[L]`` where level L
-    begins); ``edge_a``/``edge_b`` list the edges by the level of their head (``edge_start``).
-    ``ok`` is False when some node lies on or behind a cycle (it has no level).
+    ``depth`` is the most edges on any path (``ok`` False: some node lies on or behind a cycle;
+    ``level`` then holds Kahn's levels with -1 for the nodes it could not order).
     """
 
-    level: np.ndarray
-    nodes: np.ndarray
-    node_start: np.ndarray
-    edge_a: np.ndarray
-    edge_b: np.ndarray
-    edge_start: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    depth: int
     ok: bool
+    level: np.ndarray | None = None
+
+
+MAX_RELAX = 64  # deeper DAGs (or cycles) go to Kahn's algorithm
 
 
 def levels(n: int, a: np.ndarray, b: np.ndarray) -> Levels:
-    """Kahn's algorithm a whole frontier at a time."""
+    """Longest path (in edges) ending at each node by relaxing every edge at once until
+    nothing changes — depth + 2 rounds on a DAG — and Kahn's algorithm where that does not
+    settle (a cycle, or a DAG deeper than :data:`MAX_RELAX`)."""
+    lv = np.zeros(n, dtype=np.int64)
+    if not a.size:
+        return Levels(a, b, 0, True)
+    total = 0
+    for _ in range(MAX_RELAX):
+        np.maximum.at(lv, b, lv[a] + 1)
+        now = int(lv.sum())
+        if now == total:
+            return Levels(a, b, int(lv.max()), True)
+        total = now
+    level = kahn_levels(n, a, b)
+    ok = bool((level >= 0).all())
+    return Levels(a, b, int(level.max()) if ok else -1, ok, level)
+
+
+def kahn_levels(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Kahn's algorithm a whole frontier at a time: each node's level, -1 for nodes on or
+    behind a cycle."""
     indeg = np.bincount(b, minlength=n)
     level = np.full(n, -1, dtype=np.int64)
-    perm = np.argsort(a, kind="stable")
-    bs = b[perm]
-    deg = np.bincount(a, minlength=n)
-    first = np.concatenate([[0], np.cumsum(deg)])
     frontier = np.flatnonzero(indeg == 0)
     lv = 0
     while frontier.size:
         level[frontier] = lv
-        cnt = deg[frontier]
-        total = int(cnt.sum())
-        if not total:
-            break
-        offs = np.repeat(first[frontier] - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt)
-        heads = bs[offs + np.arange(total)]
-        indeg -= np.bincount(heads, minlength=n)
-        heads = np.unique(heads)
-        frontier = heads[indeg[heads] == 0]
+        inside = np.zeros(n, dtype=bool)
+        inside[frontier] = True
+        dec = np.bincount(b[inside[a]], minlength=n)
+        indeg -= dec
+        frontier = np.flatnonzero((dec > 0) & (indeg == 0))
         lv += 1
-    ok = bool((level >= 0).all())
-    nodes = np.argsort(level, kind="stable")
-    lv_sorted = level[nodes]
-    top = int(lv_sorted[-1]) + 1 if n else 0
-    node_start = np.searchsorted(lv_sorted, np.arange(top + 1))
-    hb = level[b]
-    ep = np.argsort(hb, kind="stable")
-    edge_start = np.searchsorted(hb[ep], np.arange(top + 1))
-    return Levels(level, nodes, node_start, a[ep], b[ep], edge_start, ok)
+    return level
 
 
 def longest_path(lv: Levels, durations: np.ndarray) -> float:
-    """Largest finish time, every node starting when its predecessors have finished."""
-    n = durations.size
-    if not n:
+    """Largest finish time, every node starting when its predecessors have finished: ``depth``
+    rounds of finish = duration + the latest predecessor's finish."""
+    if not durations.size:
         return 0.0
-    start = np.zeros(n)
-    finish = np.zeros(n)
-    ns, es = lv.node_start, lv.edge_start
-    for k in range(ns.size - 1):
-        e0, e1 = es[k], es[k + 1]
-        if e1 > e0:
-            np.maximum.at(start, lv.edge_b[e0:e1], finish[lv.edge_a[e0:e1]])
-        nodes = lv.nodes[ns[k]:ns[k + 1]]
-        finish[nodes] = start[nodes] + durations[nodes]
+    finish = durations
+    for _ in range(lv.depth):
+        start = np.zeros(durations.size)
+        np.maximum.at(start, lv.b, finish[lv.a])
+        finish = start + durations
     return float(finish.max())
 
 

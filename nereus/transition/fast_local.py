@@ -46,6 +46,7 @@ class Block:
     sub: Layout | None = None
     new: np.ndarray | None = None
     grouping: np.ndarray | None = None
+    contiguous: bool = False  # some member uses the contiguous grouping
 
     @property
     def count(self) -> int:
@@ -54,21 +55,17 @@ class Block:
 
 @dataclass
 class Edges:
-    """Edge arrays with the key ``(section, owner, rank)`` that orders them as the reference
-    appends them."""
+    """Edge chunks ``(before, after, kind, section, owner, part, sub)``: the arrays of one kind
+    and what orders them as the reference appends them, the key ``(section, owner, part,
+    sub)`` (computed only when expanding)."""
 
-    a: list[np.ndarray] = field(default_factory=list)
-    b: list[np.ndarray] = field(default_factory=list)
-    kind: list[np.ndarray] = field(default_factory=list)
-    key: list[np.ndarray] = field(default_factory=list)  # sec·2^60 + owner·2^40 + part·2^20 + sub
+    chunks: list[tuple[np.ndarray, np.ndarray, int, int, np.ndarray,
+                       np.ndarray | int, np.ndarray | int]] = field(default_factory=list)
 
     def add(self, a: np.ndarray, b: np.ndarray, kind: int, sec: int, owner: np.ndarray,
             part: np.ndarray | int, sub: np.ndarray | int) -> None:
         if a.size:
-            self.a.append(a)
-            self.b.append(b)
-            self.kind.append(np.full(a.size, kind, dtype=np.int8))
-            self.key.append((sec << 60) + (owner << 40) + (part << 20) + sub)
+            self.chunks.append((a, b, kind, sec, owner, part, sub))
 
 
 @dataclass
@@ -106,14 +103,12 @@ def _first_table(rows: np.ndarray, size: int) -> np.ndarray:
 
 def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """For each row of ``q`` (…, s): whether it equals a row of ``rows`` (by ``tab``)."""
-    if rows.shape[0] == 0:
+    if not rows.shape[0]:
         return np.zeros(q.shape[:-1], dtype=bool)
     ids = tab[q[..., 0]]
-    return (ids >= 0) & (rows[ids] == q).all(-1)
-
-
-def _row_gpus_any(mask: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return mask[rows].any(-1) if rows.size else np.zeros(rows.shape[0], dtype=bool)
+    hit: np.ndarray = (rows[ids] == q).all(-1)
+    hit &= ids >= 0
+    return hit
 
 
 def destroy_only(stage: str, state: str, srcs: np.ndarray, lay: Layout, size: int) -> LocalArrays:
@@ -146,200 +141,217 @@ def local_arrays(
     size = held.shape[0]
     st, sp = t_sub.tp, t_sub.pp
     s = st * sp
-    # target slots: per target unit the grouping that lands most parts on source tuples
-    ti = sub_index(lt.tp, lt.pp, st, sp, INTERLEAVED)
-    slots_i = tgts[:, ti]
+    nsrc = srcs.shape[0]
     at_sub = ls.tp == st and ls.pp == sp
-    if at_sub:
-        src_tab = _first_table(srcs, size)
-        tables = [(src_tab, srcs)]
+    lt_sub = lt.tp == st and lt.pp == sp
+    s_differ = not at_sub and groupings_differ(ls, t_sub)
+    # target slots: per target unit the grouping that lands most parts on source tuples
+    if lt_sub:
+        slot_rows = tgts
+        kt = 1
+        tgt_grp = None
+        tgt_contig = False
     else:
-        si = sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)
-        subs_i = srcs[:, si].reshape(-1, s)
-        tables = [(_first_table(subs_i, size), subs_i)]
-        s_differ = groupings_differ(ls, t_sub)
-        if s_differ:
-            sc = sub_index(ls.tp, ls.pp, st, sp, CONTIGUOUS)
-            subs_c = srcs[:, sc].reshape(-1, s)
-            tables.append((_first_table(subs_c, size), subs_c))
+        slots_i = tgts[:, sub_index(lt.tp, lt.pp, st, sp, INTERLEAVED)]
+        kt = slots_i.shape[1]
+        if groupings_differ(lt, t_sub):
+            slots_c = tgts[:, sub_index(lt.tp, lt.pp, st, sp, CONTIGUOUS)]
+            tables = []
+            if at_sub:
+                tables.append((_first_table(srcs, size), srcs))
+            else:
+                for g in (INTERLEAVED, CONTIGUOUS) if s_differ else (INTERLEAVED,):
+                    rows = srcs[:, sub_index(ls.tp, ls.pp, st, sp, g)].reshape(-1, s)
+                    tables.append((_first_table(rows, size), rows))
 
-    def in_src(q: np.ndarray) -> np.ndarray:
-        hit = _member(q, *tables[0])
-        for tab, rows in tables[1:]:
-            hit |= _member(q, tab, rows)
-        return hit
+            def in_src(q: np.ndarray) -> np.ndarray:
+                hit = _member(q, *tables[0])
+                for tab, rows in tables[1:]:
+                    hit |= _member(q, tab, rows)
+                return hit
 
-    if groupings_differ(lt, t_sub):
-        slots_c = tgts[:, sub_index(lt.tp, lt.pp, st, sp, CONTIGUOUS)]
-        tgt_grp = (in_src(slots_c).sum(1) > in_src(slots_i).sum(1)).astype(np.int8)
-        slots = np.where(tgt_grp[:, None, None] == 1, slots_c, slots_i)
-    else:
-        tgt_grp = np.zeros(tgts.shape[0], dtype=np.int8)
-        slots = slots_i
-    kt = slots.shape[1]
-    slot_rows = slots.reshape(-1, s)
+            tgt_grp = (in_src(slots_c).sum(1) > in_src(slots_i).sum(1)).astype(np.int8)
+            tgt_contig = bool(np.count_nonzero(tgt_grp))
+            slot_rows = (np.where(tgt_grp[:, None, None] == 1, slots_c, slots_i) if tgt_contig
+                         else slots_i).reshape(-1, s)
+        else:
+            tgt_grp = np.zeros(tgts.shape[0], dtype=np.int8)
+            tgt_contig = False
+            slot_rows = slots_i.reshape(-1, s)
     nslots = slot_rows.shape[0]
     slot_tab = _first_table(slot_rows, size)
 
     blocks: list[Block] = []
     n = 0
-    # unit table (layout t_sub): rows and producing primitive (-1: none)
+    # units at t_sub, by id: [sources' parts | slots | replicas | donor's parts | staged copy]
+    whole = srcs[:0]
     if at_sub:
         unit_rows = srcs
         kept_hit = _member(srcs, slot_tab, slot_rows)
-        split_n = 0
-        whole = srcs[:0]
-        producer = np.full(srcs.shape[0], -1, dtype=np.int64)
+        producer = np.full(nsrc, -1, dtype=np.int64)
     else:
-        hits_i = _member(subs_i, slot_tab, slot_rows).reshape(srcs.shape[0], -1)
+        si = sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)
+        subs = srcs[:, si]
+        hits = _member(subs, slot_tab, slot_rows)
+        grp = None
+        src_contig = False
         if s_differ:
-            hits_c = _member(subs_c, slot_tab, slot_rows).reshape(srcs.shape[0], -1)
-            src_grp = (hits_c.sum(1) > hits_i.sum(1)).astype(np.int8)
-            chosen = np.where(src_grp[:, None] == 1, hits_c, hits_i)
+            subs_c = srcs[:, sub_index(ls.tp, ls.pp, st, sp, CONTIGUOUS)]
+            hits_c = _member(subs_c, slot_tab, slot_rows)
+            grp = (hits_c.sum(1) > hits.sum(1)).astype(np.int8)
+            pick = grp == 1
+            if np.count_nonzero(pick):
+                src_contig = True
+                subs = np.where(pick[:, None, None], subs_c, subs)
+                hits = np.where(pick[:, None], hits_c, hits)
+        split = hits.any(1)
+        split_n = int(np.count_nonzero(split))
+        if split_n == nsrc:
+            srows = srcs
         else:
-            src_grp = np.zeros(srcs.shape[0], dtype=np.int8)
-            chosen = hits_i
-        split = chosen.any(1)
-        split_n = int(split.sum())
-        whole = srcs[~split]
-        k_sub = chosen.shape[1]
+            whole = srcs[~split]
+            srows, subs, hits = srcs[split], subs[split], hits[split]
+            if grp is not None:
+                grp = grp[split]
+        unit_rows = subs.reshape(-1, s)
+        kept_hit = hits.reshape(-1)
+        producer = np.repeat(np.arange(split_n), subs.shape[1])
         if split_n:
-            srows = srcs[split]
-            sgrp = src_grp[split]
-            blocks.append(Block(SPLIT, 0, srows, ls, t_sub, grouping=sgrp))
+            blocks.append(Block(SPLIT, 0, srows, ls, t_sub, grouping=grp if grp is not None
+                                else np.zeros(split_n, dtype=np.int8),
+                                contiguous=src_contig and grp is not None
+                                and bool(np.count_nonzero(grp))))
             n = split_n
-            subs3 = np.where(sgrp[:, None, None] == 1,
-                             srows[:, sc] if s_differ else 0, srows[:, si])
-            unit_rows = subs3.reshape(-1, s)
-            kept_hit = chosen[split].reshape(-1)
-            producer = np.repeat(np.arange(split_n), k_sub)
-        else:
-            unit_rows = np.zeros((0, s), dtype=np.int64)
-            kept_hit = np.zeros(0, dtype=bool)
-            producer = _EMPTY
     n_base = unit_rows.shape[0]
-    kept = np.flatnonzero(kept_hit)
-    surplus = np.flatnonzero(~kept_hit)
-    # slots: ids n_base + slot index; kept slots are units already
+    kept = kept_hit.nonzero()[0]
+    surplus = (~kept_hit).nonzero()[0]
+    # slots: ids n_base + slot index; a kept slot is the unit already there
     slot_unit = np.arange(n_base, n_base + nslots)
-    kept_slot = slot_tab[unit_rows[kept, 0]] if kept.size else _EMPTY
-    slot_unit[kept_slot] = kept
     unfilled_mask = np.ones(nslots, dtype=bool)
-    unfilled_mask[kept_slot] = False
-    unfilled = np.flatnonzero(unfilled_mask)
-    blocked_all = held[slot_rows[unfilled]].any(1) if unfilled.size else np.zeros(0, bool)
-    unfilled = np.concatenate([unfilled[~blocked_all], unfilled[blocked_all]])
-    blocked = np.concatenate([np.zeros(int((~blocked_all).sum()), np.int64),
-                              np.ones(int(blocked_all.sum()), np.int64)])
-    rep_rows = replicas if lt.tp == st and lt.pp == sp and replicas.size \
-        else np.zeros((0, s), np.int64)
-    rep_base = n_base + nslots
-    rows_parts = [unit_rows, slot_rows, rep_rows]
-    prod_parts = [producer, np.full(nslots + rep_rows.shape[0], -1, dtype=np.int64)]
-    n_units = rep_base + rep_rows.shape[0]
-    # the pool: kept units, surplus units on GPUs no target needs, units already in place
-    free_sur = surplus[~_row_gpus_any(target_gpus, unit_rows[surplus])] if surplus.size \
-        else _EMPTY
-    pool = np.concatenate([kept, free_sur, np.arange(rep_base, n_units)])
-    pool_free = np.concatenate([(producer[kept] >= 0).astype(np.int64),
-                                np.zeros(free_sur.size + rep_rows.shape[0], np.int64)])
+    if kept.size:
+        kept_slot = slot_tab[unit_rows[kept, 0]]
+        slot_unit[kept_slot] = kept
+        unfilled_mask[kept_slot] = False
+    if kept.size == nslots:  # each kept unit is a distinct slot: all slots hold theirs
+        unfilled = blocked = _EMPTY
+    else:
+        unfilled = unfilled_mask.nonzero()[0]
+        blocked = held[slot_rows[unfilled]].any(1)
+        n_blocked = int(np.count_nonzero(blocked))
+        if n_blocked and n_blocked < unfilled.size:  # free GPUs first (stable)
+            unfilled = np.concatenate([unfilled[~blocked], unfilled[blocked]])
+            blocked = np.concatenate([np.zeros(unfilled.size - n_blocked, dtype=bool),
+                                      np.ones(n_blocked, dtype=bool)])
     loc = LocalArrays(stage, state, blocks, n, Edges(), np.full(size, -1, dtype=np.int64),
                       t_sub=t_sub)
-    donor = -1
     edges = loc.edges
-    staged_ext = -1
-    if unfilled.size and not pool.size:
-        own = np.zeros(size, dtype=bool)
-        own[tgts] = True
-        picked = _pick_donor(unit_rows, surplus, whole, slot_rows[unfilled], held,
-                             target_gpus & ~own, donor_rank, ls, t_sub, size)
-        if picked is None:
-            return None
-        from_whole, which = picked
-        if from_whole >= 0:  # split its parent (interleaved) and keep the other parts surplus
-            parent = whole[from_whole]
-            keep = np.ones(whole.shape[0], dtype=bool)
-            keep[from_whole] = False
-            whole = whole[keep]
-            blocks.append(Block(SPLIT, n, parent[None, :], ls, t_sub,
-                                grouping=np.zeros(1, dtype=np.int8)))
-            subs = parent[sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)]
-            ids = np.arange(n_units, n_units + subs.shape[0])
-            rows_parts.append(subs)
-            prod_parts.append(np.full(subs.shape[0], n, dtype=np.int64))
-            n_units += subs.shape[0]
-            n += 1
-            donor = int(ids[which])
-            surplus = np.concatenate([surplus, np.delete(ids, which)])
-        else:
-            donor = int(surplus[which])
-            surplus = np.concatenate([surplus[surplus != donor]])
-        surplus = np.concatenate([surplus, [donor]])
-        loc.donor = True
+    donor = -1
+    staged = -1  # the staged copy's id
+    e0 = -1
+    if not unfilled.size:  # every slot holds its unit already: no Extends
+        all_rows, all_prod, n_units = unit_rows, producer, n_base
+        ext_src = ext_prev = slot_ids = _EMPTY
+    else:
+        has_rep = lt_sub and replicas.shape[0] > 0
+        n_units = n_base + nslots + (replicas.shape[0] if has_rep else 0)
+        # the pool: kept units, surplus units on GPUs no target needs, units already in place
+        pool = kept
+        pool_free = producer[kept] >= 0
+        if surplus.size:
+            free_sur = surplus[~target_gpus[unit_rows[surplus]].any(1)]
+            if free_sur.size:
+                pool = np.concatenate([pool, free_sur])
+                pool_free = np.concatenate([pool_free, np.zeros(free_sur.size, dtype=bool)])
+        if has_rep:
+            pool = np.concatenate([pool, np.arange(n_base + nslots, n_units)])
+            pool_free = np.concatenate([pool_free, np.zeros(replicas.shape[0], dtype=bool)])
+        rows_parts = [unit_rows, slot_rows] + ([replicas] if has_rep else [])
+        prod_parts = [producer, np.full(n_units - n_base, -1, dtype=np.int64)]
+        if not pool.size:
+            own = np.zeros(size, dtype=bool)
+            own[tgts] = True
+            picked = _pick_donor(unit_rows, surplus, whole, slot_rows[unfilled], blocked, held,
+                                 target_gpus & ~own, donor_rank, ls, t_sub)
+            if picked is None:
+                return None
+            from_whole, which = picked
+            if from_whole >= 0:  # split its parent (interleaved) and keep the other parts surplus
+                parent = whole[from_whole]
+                whole = np.delete(whole, from_whole, axis=0)
+                blocks.append(Block(SPLIT, n, parent[None, :], ls, t_sub,
+                                    grouping=np.zeros(1, dtype=np.int8)))
+                subs = parent[sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)]
+                ids = np.arange(n_units, n_units + subs.shape[0])
+                rows_parts.append(subs)
+                prod_parts.append(np.full(subs.shape[0], n, dtype=np.int64))
+                n_units += subs.shape[0]
+                n += 1
+                donor = int(ids[which])
+                surplus = np.concatenate([surplus, np.delete(ids, which), [donor]])
+            else:
+                donor = int(surplus[which])
+                surplus = np.concatenate([surplus[surplus != donor], [donor]])
+            loc.donor = True
+            donor_prod = int(np.concatenate(prod_parts)[donor])
+            if len(staging) == s:  # copy the donor onto spare GPUs first
+                stage_rows = np.array([staging], dtype=np.int64)
+                e0 = n
+                donor_row = np.concatenate(rows_parts)[donor]
+                blocks.append(Block(EXTEND, n, donor_row[None, :], t_sub, new=stage_rows))
+                n += 1
+                if donor_prod >= 0:
+                    edges.add(np.array([donor_prod]), np.array([e0]), DATA, 0, np.array([e0]), 0,
+                              0)
+                rows_parts.append(stage_rows)
+                prod_parts.append(np.array([e0], dtype=np.int64))
+                staged = n_units
+                n_units += 1
+                surplus = np.concatenate([surplus, [staged]])
+                pool = np.array([staged], dtype=np.int64)
+                pool_free = np.ones(1, dtype=bool)
+                loc.staged = True
+                loc.staging = staging
+            else:
+                pool = np.array([donor], dtype=np.int64)
+                pool_free = np.array([donor_prod >= 0])
+        all_rows = np.concatenate(rows_parts)
         all_prod = np.concatenate(prod_parts)
-        if len(staging) == s:
-            stage_rows = np.array([staging], dtype=np.int64)
-            e0 = n
-            blocks.append(Block(EXTEND, n, np.concatenate(rows_parts)[[donor]], t_sub,
-                                new=stage_rows))
-            n += 1
-            if all_prod[donor] >= 0:
-                edges.add(all_prod[[donor]], np.array([e0]), DATA, 0, np.array([e0]), 0, 0)
-            rows_parts.append(stage_rows)
-            prod_parts.append(np.array([e0], dtype=np.int64))
-            stage_id = n_units
-            n_units += 1
-            surplus = np.concatenate([surplus, [stage_id]])
-            pool = np.array([stage_id], dtype=np.int64)
-            pool_free = np.ones(1, dtype=np.int64)
-            staged_ext = stage_id  # read by e0 already
-            loc.staged = True
-            loc.staging = staging
-        else:
-            pool = np.array([donor], dtype=np.int64)
-            pool_free = np.array([1 if all_prod[donor] >= 0 else 0], dtype=np.int64)
-    all_rows = np.concatenate(rows_parts) if len(rows_parts) > 1 else rows_parts[0]
-    all_prod = np.concatenate(prod_parts)
-    if load is not None and pool.size > 1:
-        worst = load[all_rows[pool]].max(1)
-        perm = np.lexsort((worst, pool_free))
-        pool, pool_free = pool[perm], pool_free[perm]
-    if donor >= 0 and not loc.staged and unfilled.size and \
-            np.isin(all_rows[donor], slot_rows[unfilled[0]]).any():
-        return None  # the donor (the heap's only item) overlaps the first slot
-    # the broadcast heap, a round at a time
-    ext_src, ext_slot = _heap_rounds(pool, pool_free, unfilled + n_base, blocked,
-                                     donor if not loc.staged else -1)
-    if ext_src is None:
-        return None
+        if donor >= 0 and staged < 0 and not \
+                set(all_rows[donor].tolist()).isdisjoint(slot_rows[unfilled[0]].tolist()):
+            return None  # the donor (the heap's only item) overlaps the first slot
+        if load is not None and pool.size > 1:
+            perm = np.lexsort((load[all_rows[pool]].max(1), pool_free))
+            pool, pool_free = pool[perm], pool_free[perm]
+        # the broadcast heap, a round at a time; the j-th Extend fills the j-th unfilled slot
+        slot_ids = unfilled + n_base
+        ext_src, ext_prev = _heap_rounds(pool, pool_free, slot_ids, blocked,
+                                         donor if staged < 0 else -1)
     n_ext = ext_src.size
-    ext0 = n
+    owner = np.full(n_units, -1, dtype=np.int64)  # unit → the Destroy or Merge it feeds
+    part_of = np.zeros(n_units, dtype=np.int64)
+    ext_idx = np.arange(n, n + n_ext)
     if n_ext:
-        blocks.append(Block(EXTEND, n, all_rows[ext_src], t_sub, new=all_rows[ext_slot]))
-        ext_idx = np.arange(n, n + n_ext)
-        all_prod[ext_slot] = ext_idx
+        blocks.append(Block(EXTEND, n, all_rows[ext_src], t_sub, new=slot_rows[unfilled]))
+        all_prod[slot_ids] = ext_idx
         n += n_ext
         p = all_prod[ext_src]
         has = p >= 0
         edges.add(p[has], ext_idx[has], DATA, 0, ext_idx[has], 0, 0)
         # order: the previous Extend reading the same source
-        by_src = np.argsort(ext_src, kind="stable")
-        same = ext_src[by_src[1:]] == ext_src[by_src[:-1]]
-        after = by_src[1:][same]
-        edges.add(ext_idx[by_src[:-1][same]], ext_idx[after], ORDER, 0, ext_idx[after], 0, 1)
-    else:
-        ext_idx = _EMPTY
-    reads_src = ext_src if staged_ext < 0 else np.concatenate([[donor], ext_src])
-    reads_ext = ext_idx if staged_ext < 0 else np.concatenate([[ext0 - 1], ext_idx])
+        again = ext_prev >= 0
+        if np.count_nonzero(again):
+            after = ext_idx[again]
+            edges.add(ext_idx[ext_prev[again]], after, ORDER, 0, after, 0, 1)
     # Destroys: surplus units (after their producer and readers), then whole units
     if surplus.size:
         d_idx = np.arange(n, n + surplus.size)
-        blocks.append(Block(DESTROY, n, all_rows[surplus], t_sub))
+        rows = all_rows[surplus]
+        blocks.append(Block(DESTROY, n, rows, t_sub))
         p = all_prod[surplus]
         has = p >= 0
         edges.add(p[has], d_idx[has], DATA, 0, d_idx[has], 0, 0)
-        _reader_edges(edges, surplus, d_idx, None, reads_src, reads_ext, n_units)
-        loc.release[all_rows[surplus]] = d_idx[:, None]
+        owner[surplus] = d_idx
+        loc.release[rows] = d_idx[:, None]
         n += surplus.size
     if whole.shape[0]:
         d_idx = np.arange(n, n + whole.shape[0])
@@ -347,102 +359,115 @@ def local_arrays(
         loc.release[whole] = d_idx[:, None]
         n += whole.shape[0]
     # Merges: every target unit not at t_sub, from its parts
-    if not (lt.tp == st and lt.pp == sp):
+    if not lt_sub:
         m_idx = np.arange(n, n + tgts.shape[0])
-        blocks.append(Block(MERGE, n, tgts, lt, t_sub, grouping=tgt_grp))
+        assert tgt_grp is not None
+        blocks.append(Block(MERGE, n, tgts, lt, t_sub, grouping=tgt_grp, contiguous=tgt_contig))
         parts = slot_unit.reshape(-1, kt)  # (targets × parts) unit ids
         p = all_prod[parts]
         has = p >= 0
-        part_no = np.broadcast_to(np.arange(kt), parts.shape)
-        owner = np.broadcast_to(m_idx[:, None], parts.shape)
-        edges.add(p[has], owner[has], DATA, 0, owner[has], part_no[has], 0)
-        _reader_edges(edges, parts.reshape(-1), owner.reshape(-1), part_no.reshape(-1),
-                      reads_src, reads_ext, n_units)
+        own_m = np.repeat(m_idx, kt).reshape(-1, kt)
+        part_no = np.tile(np.arange(kt), tgts.shape[0]).reshape(-1, kt)
+        edges.add(p[has], own_m[has], DATA, 0, own_m[has], part_no[has], 0)
+        owner[parts] = own_m
+        part_of[parts] = part_no
         n += tgts.shape[0]
+    # readers: every Extend reading a unit precedes the Destroy or Merge of that unit
+    reads_src, reads_ext = ext_src, ext_idx
+    if e0 >= 0:
+        reads_src = np.concatenate([[donor], ext_src])
+        reads_ext = np.concatenate([[e0], ext_idx])
+    if reads_src.size:
+        o = owner[reads_src]
+        has = o >= 0
+        if has.any():
+            o, ext = o[has], reads_ext[has]
+            edges.add(ext, o, DATA, 0, o, part_of[reads_src[has]], 1 + ext)
     # local: a GPU an Extend acquires waits for the Destroy of this model-stage that frees it
+    # (the staged copy's own Destroy excepted; no other destroyed unit equals a slot)
     if n_ext:
-        new = all_rows[ext_slot]
-        rel = loc.release[new]  # (n_ext × s)
+        rel = loc.release[slot_rows[unfilled]]  # (n_ext × s)
         has = rel >= 0
         if has.any():
-            gone_rows = _destroy_rows(blocks, rel, s)
-            same_unit = (gone_rows == new[:, None, :]).all(-1) & (gone_rows[..., 0] >= 0)
-            has &= ~same_unit
-            owner = np.broadcast_to(ext_idx[:, None], rel.shape)
-            rank = np.broadcast_to(np.arange(s), rel.shape)
-            edges.add(rel[has], owner[has], LOCAL, 1, owner[has], 0, rank[has])
+            own_e = np.repeat(ext_idx, s).reshape(-1, s)
+            pos = np.tile(np.arange(s), n_ext).reshape(-1, s)
+            edges.add(rel[has], own_e[has], LOCAL, 1, own_e[has], 0, pos[has])
     loc.n = n
     return loc
 
 
-def _destroy_rows(blocks: list[Block], rel: np.ndarray, s: int) -> np.ndarray:
-    """Per entry of ``rel`` (local Destroy indices) the destroyed unit's GPUs when it has ``s``
-    of them (-1 rows otherwise)."""
-    out = np.full((*rel.shape, s), -1, dtype=np.int64)
-    for blk in blocks:
-        if blk.kind != DESTROY or blk.rows.shape[1] != s:
-            continue
-        inside = (rel >= blk.start) & (rel < blk.start + blk.count)
-        out[inside] = blk.rows[rel[inside] - blk.start]
-    return out
-
-
-def _reader_edges(edges: Edges, units: np.ndarray, owners: np.ndarray, parts: np.ndarray | None,
-                  reads_src: np.ndarray, reads_ext: np.ndarray, n_units: int) -> None:
-    """``Extend → owner`` "data" edges for every Extend reading ``units[k]`` (owner
-    ``owners[k]``, part ``parts[k]``), in Extend order."""
-    if not reads_src.size or not units.size:
-        return
-    slot_of = np.full(n_units, -1, dtype=np.int64)
-    slot_of[units] = np.arange(units.size)
-    k = slot_of[reads_src]
-    hit = k >= 0
-    if not hit.any():
-        return
-    k, ext = k[hit], reads_ext[hit]
-    edges.add(ext, owners[k], DATA, 0, owners[k], 0 if parts is None else parts[k], 1 + ext)
-
-
 def _heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
-                 blocked: np.ndarray, donor: int) -> tuple[np.ndarray, np.ndarray] | tuple[
-                     None, None]:
-    """(source unit, slot unit) of each Extend in slot order, as the heap of
-    :func:`local.local_dag` pops them; (None, None) when the donor overlaps the first slot
-    (checked by the caller's rows: here the pool's only item is the donor then)."""
+                 blocked: np.ndarray, donor: int) -> tuple[np.ndarray, np.ndarray]:
+    """The source unit of each Extend in slot order as the heap of :func:`local.local_dag`
+    pops them, and the Extend (position) that read the same unit last (-1: none).
+
+    Keys are ``(free_at, tie)`` and every push while round F is popped lands in a later round,
+    so round F is its items in tie order: pool items first, then pushes in push order (a
+    source, then the slot it filled). Pushes of round 0 (blocked slots) and of round 1 meet in
+    round 2; from round 3 on a round is the last round's sources and slots interleaved."""
     n_slots = slots.size
+    out = np.empty(n_slots, dtype=np.int64)
+    prev = np.empty(n_slots, dtype=np.int64)
     if not n_slots:
-        return _EMPTY, _EMPTY
-    rounds: dict[int, list[np.ndarray]] = {0: [pool[pool_free == 0]], 1: [pool[pool_free == 1]]}
-    srcs: list[np.ndarray] = []
-    outs: list[np.ndarray] = []
+        return out, prev
+    p0, p1 = pool[~pool_free], pool[pool_free]
+    rounds: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {
+        0: [(p0, np.full(p0.size, -1, dtype=np.int64))],
+        1: [(p1, np.full(p1.size, -1, dtype=np.int64))]}
     pos = 0
     f = 0
+    items = last = _EMPTY
     while pos < n_slots:
-        chunks = rounds.pop(f, None)
-        items = np.concatenate(chunks) if chunks else _EMPTY
+        chunks = rounds.pop(f, [])
+        if len(chunks) == 1:
+            items, last = chunks[0]
+        elif chunks:
+            items = np.concatenate([c[0] for c in chunks])
+            last = np.concatenate([c[1] for c in chunks])
+        else:
+            items = last = _EMPTY
+        if f >= 3 and not rounds:
+            break
+        f += 1
         if not items.size:
-            f += 1
             continue
         q = min(items.size, n_slots - pos)
-        src, sl = items[:q], slots[pos:pos + q]
-        srcs.append(src)
-        outs.append(sl)
-        start = np.maximum(blocked[pos:pos + q], f)
+        src = items[:q]
+        out[pos:pos + q] = src
+        prev[pos:pos + q] = last[:q]
+        nxt = np.empty(2 * q, dtype=np.int64)
+        nxt[0::2] = src
+        nxt[1::2] = slots[pos:pos + q]
+        nlast = np.full(2 * q, -1, dtype=np.int64)
+        nlast[0::2] = np.arange(pos, pos + q)
+        if f == 1:  # round 0: a blocked slot starts at 1, so both land in round 2
+            late = blocked[pos:pos + q].repeat(2)
+        if donor >= 0 and f <= 2:  # the donor is read once
+            keep = nxt != donor
+            nxt, nlast = nxt[keep], nlast[keep]
+            if f == 1:
+                late = late[keep]
         pos += q
-        pushed = np.stack([src, sl], axis=1).reshape(-1)
-        when = np.repeat(start + 1, 2)
-        if donor >= 0:
-            keep = pushed != donor
-            pushed, when = pushed[keep], when[keep]
-        if f == 0:
-            for r in (1, 2):
-                sel = pushed[when == r]
-                if sel.size:
-                    rounds.setdefault(r, []).append(sel)
+        if f == 1 and np.count_nonzero(late):
+            early = ~late
+            rounds.setdefault(1, []).append((nxt[early], nlast[early]))
+            rounds.setdefault(2, []).append((nxt[late], nlast[late]))
         else:
-            rounds.setdefault(f + 1, []).append(pushed)
-        f += 1
-    return np.concatenate(srcs), np.concatenate(outs)
+            rounds.setdefault(f, []).append((nxt, nlast))
+    while pos < n_slots:  # pure doubling
+        q = min(items.size, n_slots - pos)
+        out[pos:pos + q] = items[:q]
+        prev[pos:pos + q] = last[:q]
+        if pos + q >= n_slots:
+            break
+        nxt = np.empty(2 * q, dtype=np.int64)
+        nxt[0::2] = items
+        nxt[1::2] = slots[pos:pos + q]
+        nlast = np.full(2 * q, -1, dtype=np.int64)
+        nlast[0::2] = np.arange(pos, pos + q)
+        items, last = nxt, nlast
+        pos += q
+    return out, prev
 
 
 def _pick_donor(
@@ -450,54 +475,64 @@ def _pick_donor(
     surplus: np.ndarray,
     whole: np.ndarray,
     unfilled_rows: np.ndarray,
+    blocked: np.ndarray,
     held: np.ndarray,
     others_need: np.ndarray,
     rank: int,
     ls: Layout,
     t_sub: Layout,
-    size: int,
 ) -> tuple[int, int] | None:
     """:func:`local._pick_donor`: ``(-1, k)`` for ``surplus[k]``, ``(w, j)`` for sub-unit j
-    (interleaved) of ``whole[w]``; None when fewer than ``rank + 1`` candidates."""
-    free = ~held[unfilled_rows].any(1)
-    n_free = int(free.sum())
-    n_held = free.size - n_free
-    free_id = np.full(size, -1, dtype=np.int64)
-    held_id = np.full(size, -1, dtype=np.int64)
-    free_id[unfilled_rows[free]] = np.arange(n_free)[:, None]
-    held_id[unfilled_rows[~free]] = np.arange(n_held)[:, None]
+    (interleaved) of ``whole[w]``; None when fewer than ``rank + 1`` candidates.
 
-    def scores(cands: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        fit = np.full(cands.shape[0], -1, dtype=np.int64)
-        if not cands.shape[0]:
-            return fit, fit
-        fit[_distinct(held_id[cands]) < n_held] = 0
-        fit[_distinct(free_id[cands]) < n_free] = 1
-        need = np.where(others_need[cands].any(1), 0, 1)
-        return fit, need
+    Slots are pairwise disjoint, so a candidate of s GPUs misses some slot of a kind whenever
+    there are more than s of them."""
+    s = t_sub.tp * t_sub.pp
+    n_held = int(np.count_nonzero(blocked))
+    n_free = blocked.size - n_held
+    size = held.shape[0]
 
-    sur_rows = unit_rows[surplus]
-    f1, n1 = scores(sur_rows)
+    def misses(rows: np.ndarray, sel: np.ndarray, count: int) -> np.ndarray:
+        if count > s:
+            return np.ones(rows.shape[0], dtype=bool)
+        if not count:
+            return np.zeros(rows.shape[0], dtype=bool)
+        ids = np.full(size, -1, dtype=np.int64)
+        ids[unfilled_rows[sel]] = np.arange(count)[:, None]
+        return _distinct(ids[rows]) < count
+
+    def key(rows: np.ndarray, kind: int) -> np.ndarray:
+        """kind·4 + fit·2 + (no other target needs it); -1: not a candidate."""
+        if not rows.shape[0]:
+            return _EMPTY
+        fit = np.where(misses(rows, ~blocked, n_free), 1,
+                       np.where(misses(rows, blocked, n_held), 0, -1))
+        out: np.ndarray = kind * 4 + fit * 2 + ~others_need[rows].any(1)
+        out[fit < 0] = -1
+        return out
+
+    k1 = key(unit_rows[surplus], 1)
     if whole.shape[0]:
         wi = sub_index(ls.tp, ls.pp, t_sub.tp, t_sub.pp, INTERLEAVED)
-        wsubs = whole[:, wi].reshape(-1, t_sub.tp * t_sub.pp)
+        k0 = key(whole[:, wi].reshape(-1, s), 0)
     else:
-        wsubs = np.zeros((0, t_sub.tp * t_sub.pp), dtype=np.int64)
-    f0, n0 = scores(wsubs)
-    ok1, ok0 = f1 >= 0, f0 >= 0
-    kind = np.concatenate([np.ones(int(ok1.sum()), np.int64), np.zeros(int(ok0.sum()), np.int64)])
-    fit = np.concatenate([f1[ok1], f0[ok0]])
-    need = np.concatenate([n1[ok1], n0[ok0]])
-    where = np.concatenate([np.flatnonzero(ok1), np.flatnonzero(ok0)])
-    if rank >= kind.size:
+        k0 = _EMPTY
+    keys = np.concatenate([k1, k0])
+    if not keys.size:
         return None
-    # descending by (kind, fit, need), stable: ascending on the negated key
-    perm = np.lexsort((-need, -fit, -kind))
-    k = int(perm[rank])
-    if kind[k] == 1:
-        return -1, int(where[k])
-    per = wi.shape[0]
-    return int(where[k]) // per, int(where[k]) % per
+    if rank == 0:  # the first of the best
+        k = int(keys.argmax())
+        if keys[k] < 0:
+            return None
+    else:
+        ok = (keys >= 0).nonzero()[0]
+        if rank >= ok.size:
+            return None
+        k = int(ok[np.argsort(-keys[ok], kind="stable")[rank]])
+    if k < k1.size:
+        return -1, k
+    per = (ls.tp // t_sub.tp) * (ls.pp // t_sub.pp)
+    return (k - k1.size) // per, (k - k1.size) % per
 
 
 def _distinct(ids: np.ndarray) -> np.ndarray:

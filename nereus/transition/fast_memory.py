@@ -48,9 +48,10 @@ def peak_top(loc: LocalArrays, state_bytes: int, rep: int) -> int:
         else:
             assert blk.sub is not None and blk.grouping is not None
             base = shard_bytes(state_bytes, blk.sub, rep)
-            for g in (INTERLEAVED, CONTIGUOUS):
-                if (blk.grouping == g).any():
-                    top = max(top, base + int(merge_received(blk, state_bytes, rep, g).max()))
+            for g in (INTERLEAVED, CONTIGUOUS) if blk.contiguous else (INTERLEAVED,):
+                if g == INTERLEAVED and blk.contiguous and not (blk.grouping == g).any():
+                    continue
+                top = max(top, base + int(merge_received(blk, state_bytes, rep, g).max()))
     return top
 
 
