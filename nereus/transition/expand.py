@@ -77,6 +77,8 @@ def local_edge_arrays(loc: LocalArrays) -> tuple[np.ndarray, np.ndarray, np.ndar
     kind = np.concatenate([np.full(c[0].size, c[2], dtype=np.int8) for c in chunks])
     key = np.concatenate([(np.int64(c[3]) << 60) + (c[4] << 40) + (np.asarray(c[5]) << 20)
                           + np.asarray(c[6]) for c in chunks])
+    keep = (a >= 0) & (b >= 0)
+    a, b, kind, key = a[keep], b[keep], kind[keep], key[keep]
     perm = np.argsort(key, kind="stable")
     return a[perm], b[perm], kind[perm]
 

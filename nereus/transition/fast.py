@@ -30,7 +30,7 @@ from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand, order_memory
 from nereus.transition.fast_cost import durations
 from nereus.transition.fast_graph import longest_path
-from nereus.transition.fast_local import LocalArrays, destroy_only, local_arrays
+from nereus.transition.fast_local import _EMPTY, LocalArrays, destroy_only, local_arrays
 from nereus.transition.fast_memory import excess, fits_beside, peak_top, stage_levels
 from nereus.transition.primitives import StateSizer, shard_bytes
 from nereus.transition.residency import ConflictSpec, Exclusion, exclusion_for
@@ -136,14 +136,21 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
     return out
 
 
-def _owners(sides: dict[str, _Side], bit: dict[str, int], size: int) -> np.ndarray | None:
-    """Per GPU the bitset of model-stages holding it; None when one model-stage holds a GPU
-    twice."""
+def _flat(sides: dict[str, _Side], bit: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every GPU the units hold (unit after unit) and its model-stage's number."""
     if not sides:
-        return np.zeros(size, dtype=np.int64)
-    gpus = np.concatenate([s.rows.reshape(-1) for s in sides.values()])
-    stage = np.concatenate([np.full(s.rows.size, bit[m], dtype=np.int64)
-                            for m, s in sides.items()])
+        return _EMPTY, _EMPTY
+    gpus = np.concatenate([sd.rows.reshape(-1) for sd in sides.values()])
+    stage = np.array([bit[m] for m in sides], dtype=np.int64).repeat(
+        [sd.rows.size for sd in sides.values()])
+    return gpus, stage
+
+
+def _owners(gpus: np.ndarray, stage: np.ndarray, size: int, every: bool) -> np.ndarray | None:
+    """Per GPU the bitset of model-stages holding it (``every``: its count of holders, all
+    model-stages exclusive); None when one model-stage holds a GPU twice."""
+    if every:
+        return np.bincount(gpus, minlength=size)  # more than 1: the caller rejects it
     if np.bincount(stage * size + gpus).max() > 1:
         return None
     own = np.zeros(size, dtype=np.int64)
@@ -152,12 +159,13 @@ def _owners(sides: dict[str, _Side], bit: dict[str, int], size: int) -> np.ndarr
 
 
 def _independent(excl: Exclusion, masks: np.ndarray) -> bool:
-    """Every bitset in ``masks`` is a set of pairwise non-exclusive model-stages."""
+    """Every bitset in ``masks`` is a set of pairwise non-exclusive model-stages (``masks``
+    from :func:`_owners`: with ``excl.pairs`` None, holder counts)."""
     if excl.pairs is None:
-        return bool(((masks & (masks - 1)) == 0).all())
+        return int(masks.max(initial=0)) <= 1
     for a, b in excl.pairs:
         both = (1 << excl.index[a]) | (1 << excl.index[b])
-        if ((masks & both) == both).any():
+        if np.count_nonzero((masks & both) == both):
             return False
     return True
 
@@ -249,12 +257,15 @@ def _plan(
     excl = exclusion_for(set(src) | set(tgt), conflicts)
     if any(m not in src or src[m].state != t.state for m, t in tgt.items()):
         return None  # the reference reports it
-    everything = [s.rows for s in chain(src.values(), tgt.values())]
-    if min([int(r.min()) for r in everything] + [min(spare_gpus, default=0)]) < 0:
-        return None  # GPU ids index arrays here
-    size = max([int(r.max()) + 1 for r in everything] + [max(spare_gpus, default=-1) + 1, 1])
     bit = excl.index
-    src_own, tgt_own = _owners(src, bit, size), _owners(tgt, bit, size)
+    sg, ss = _flat(src, bit)
+    tg, ts = _flat(tgt, bit)
+    both = np.concatenate([sg, tg, np.array(spare_gpus, dtype=np.int64)])
+    if not both.size or int(both.min()) < 0:
+        return None  # GPU ids index arrays here (the reference takes negative ones)
+    size = int(both.max()) + 1
+    every = excl.pairs is None
+    src_own, tgt_own = _owners(sg, ss, size, every), _owners(tg, ts, size, every)
     if src_own is None or tgt_own is None or not _independent(excl, src_own) \
             or not _independent(excl, tgt_own):
         return None  # an invalid collection: the reference raises
@@ -314,9 +325,8 @@ def _plan(
             lays.add(tgt[m].lay)
         cands[m] = _candidates(frozenset((lay.tp, lay.pp) for lay in lays))
     choice = {m: [0, 0] for m in names}
-    all_held, all_target = src_own != 0, tgt_own != 0
-    spare = [g for g in sorted(set(spare_gpus)) if not all_held[g] and not all_target[g]]
-    released = np.flatnonzero(all_held & ~all_target).tolist()
+    spare: list[int] = []
+    released: list[int] = []
     staging: dict[str, tuple[int, ...]] = {}
 
     def fits(m: str, loc: LocalArrays) -> bool:
@@ -376,6 +386,11 @@ def _plan(
             choice[m] = saved
             exhausted.add(m)
         else:
+            if not staging:  # staging GPUs: free ones first, then ones no target needs
+                all_held, all_target = src_own != 0, tgt_own != 0
+                spare = [g for g in sorted(set(spare_gpus)) if not all_held[g]
+                         and not all_target[g]]
+                released = (all_held & ~all_target).nonzero()[0].tolist()
             stage_m, lay = None, None
             for pool_name in ("spare", "released"):
                 avail = spare if pool_name == "spare" else released

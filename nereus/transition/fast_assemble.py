@@ -69,9 +69,10 @@ def _edges(locs: Sequence[LocalArrays], offsets: Sequence[int]) -> tuple[np.ndar
     if not a:
         z = np.zeros(0, dtype=np.int64)
         return z, z
-    sizes = [x.size for x in a]
-    add = np.repeat(np.array(shift, dtype=np.int64), sizes)
-    return np.concatenate(a) + add, np.concatenate(b) + add
+    add = np.array(shift, dtype=np.int64).repeat([x.size for x in a])
+    aa, bb = np.concatenate(a) + add, np.concatenate(b) + add
+    keep = (aa >= 0) & (bb >= 0)
+    return aa[keep], bb[keep]
 
 
 def assemble(

@@ -27,7 +27,15 @@ DESTROY, SPLIT, EXTEND, MERGE = 0, 1, 2, 3  # KIND_ORDER codes: release first
 EDGE_CODES = ("data", "local", "resource", "order", "memory")
 DATA, LOCAL, RESOURCE, ORDER, MEMORY = range(5)
 INTERLEAVED, CONTIGUOUS = 0, 1
+NONE = -(1 << 40)  # "no such primitive": stays negative after adding any offset
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def none_array(n: int) -> np.ndarray:
+    """``n`` entries of :data:`NONE`."""
+    out = np.empty(n, dtype=np.int64)
+    out.fill(NONE)
+    return out
 
 
 @dataclass
@@ -57,7 +65,8 @@ class Block:
 class Edges:
     """Edge chunks ``(before, after, kind, section, owner, part, sub)``: the arrays of one kind
     and what orders them as the reference appends them, the key ``(section, owner, part,
-    sub)`` (computed only when expanding)."""
+    sub)`` (computed only when expanding). An entry whose ``before`` or ``after`` is negative
+    (:data:`NONE`) is no edge; they are dropped once, over all chunks."""
 
     chunks: list[tuple[np.ndarray, np.ndarray, int, int, np.ndarray,
                        np.ndarray | int, np.ndarray | int]] = field(default_factory=list)
@@ -77,7 +86,7 @@ class LocalArrays:
     blocks: list[Block]
     n: int
     edges: Edges
-    release: np.ndarray  # GPU → local index of the Destroy that frees it, -1: none
+    release: np.ndarray  # GPU → local index of the Destroy that frees it (negative: none)
     donor: bool = False
     staged: bool = False
     t_sub: Layout | None = None
@@ -96,7 +105,8 @@ def sub_index(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: int) -> np.n
 
 def _first_table(rows: np.ndarray, size: int) -> np.ndarray:
     """GPU → index of the row starting at it (rows pairwise disjoint), -1 elsewhere."""
-    tab = np.full(size, -1, dtype=np.int64)
+    tab = np.empty(size, dtype=np.int64)
+    tab.fill(-1)
     tab[rows[:, 0]] = np.arange(rows.shape[0])
     return tab
 
@@ -114,7 +124,7 @@ def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def destroy_only(stage: str, state: str, srcs: np.ndarray, lay: Layout, size: int) -> LocalArrays:
     """A model-stage with nothing to build: every unit is destroyed."""
     n = srcs.shape[0]
-    release = np.full(size, -1, dtype=np.int64)
+    release = none_array(size)
     release[srcs] = np.arange(n)[:, None]
     return LocalArrays(stage, state, [Block(DESTROY, 0, srcs, lay)] if n else [], n, Edges(),
                        release)
@@ -188,7 +198,7 @@ def local_arrays(
     if at_sub:
         unit_rows = srcs
         kept_hit = _member(srcs, slot_tab, slot_rows)
-        producer = np.full(nsrc, -1, dtype=np.int64)
+        producer = none_array(nsrc)
     else:
         si = sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)
         subs = srcs[:, si]
@@ -204,7 +214,7 @@ def local_arrays(
                 src_contig = True
                 subs = np.where(pick[:, None, None], subs_c, subs)
                 hits = np.where(pick[:, None], hits_c, hits)
-        split = hits.any(1)
+        split = np.logical_or.reduce(hits, axis=1)
         split_n = int(np.count_nonzero(split))
         if split_n == nsrc:
             srows = srcs
@@ -215,7 +225,7 @@ def local_arrays(
                 grp = grp[split]
         unit_rows = subs.reshape(-1, s)
         kept_hit = hits.reshape(-1)
-        producer = np.repeat(np.arange(split_n), subs.shape[1])
+        producer = np.arange(split_n).repeat(subs.shape[1])
         if split_n:
             blocks.append(Block(SPLIT, 0, srows, ls, t_sub, grouping=grp if grp is not None
                                 else np.zeros(split_n, dtype=np.int8),
@@ -242,8 +252,7 @@ def local_arrays(
             unfilled = np.concatenate([unfilled[~blocked], unfilled[blocked]])
             blocked = np.concatenate([np.zeros(unfilled.size - n_blocked, dtype=bool),
                                       np.ones(n_blocked, dtype=bool)])
-    loc = LocalArrays(stage, state, blocks, n, Edges(), np.full(size, -1, dtype=np.int64),
-                      t_sub=t_sub)
+    loc = LocalArrays(stage, state, blocks, n, Edges(), none_array(size), t_sub=t_sub)
     edges = loc.edges
     donor = -1
     staged = -1  # the staged copy's id
@@ -258,7 +267,7 @@ def local_arrays(
         pool = kept
         pool_free = producer[kept] >= 0
         if surplus.size:
-            free_sur = surplus[~target_gpus[unit_rows[surplus]].any(1)]
+            free_sur = surplus[~np.logical_or.reduce(target_gpus[unit_rows[surplus]], axis=1)]
             if free_sur.size:
                 pool = np.concatenate([pool, free_sur])
                 pool_free = np.concatenate([pool_free, np.zeros(free_sur.size, dtype=bool)])
@@ -266,7 +275,7 @@ def local_arrays(
             pool = np.concatenate([pool, np.arange(n_base + nslots, n_units)])
             pool_free = np.concatenate([pool_free, np.zeros(replicas.shape[0], dtype=bool)])
         rows_parts = [unit_rows, slot_rows] + ([replicas] if has_rep else [])
-        prod_parts = [producer, np.full(n_units - n_base, -1, dtype=np.int64)]
+        prod_parts = [producer, none_array(n_units - n_base)]
         if not pool.size:
             own = np.zeros(size, dtype=bool)
             own[tgts] = True
@@ -327,30 +336,26 @@ def local_arrays(
         ext_src, ext_prev = _heap_rounds(pool, pool_free, slot_ids, blocked,
                                          donor if staged < 0 else -1)
     n_ext = ext_src.size
-    owner = np.full(n_units, -1, dtype=np.int64)  # unit → the Destroy or Merge it feeds
-    part_of = np.zeros(n_units, dtype=np.int64)
+    readers = n_ext > 0 or e0 >= 0
+    if readers:
+        owner = none_array(n_units)  # unit → the Destroy or Merge it feeds
+        part_of = np.zeros(n_units, dtype=np.int64)
     ext_idx = np.arange(n, n + n_ext)
     if n_ext:
         blocks.append(Block(EXTEND, n, all_rows[ext_src], t_sub, new=slot_rows[unfilled]))
         all_prod[slot_ids] = ext_idx
-        n += n_ext
-        p = all_prod[ext_src]
-        has = p >= 0
-        edges.add(p[has], ext_idx[has], DATA, 0, ext_idx[has], 0, 0)
+        edges.add(all_prod[ext_src], ext_idx, DATA, 0, ext_idx, 0, 0)
         # order: the previous Extend reading the same source
-        again = ext_prev >= 0
-        if np.count_nonzero(again):
-            after = ext_idx[again]
-            edges.add(ext_idx[ext_prev[again]], after, ORDER, 0, after, 0, 1)
+        edges.add(ext_prev + n, ext_idx, ORDER, 0, ext_idx, 0, 1)
+        n += n_ext
     # Destroys: surplus units (after their producer and readers), then whole units
     if surplus.size:
         d_idx = np.arange(n, n + surplus.size)
         rows = all_rows[surplus]
         blocks.append(Block(DESTROY, n, rows, t_sub))
-        p = all_prod[surplus]
-        has = p >= 0
-        edges.add(p[has], d_idx[has], DATA, 0, d_idx[has], 0, 0)
-        owner[surplus] = d_idx
+        edges.add(all_prod[surplus], d_idx, DATA, 0, d_idx, 0, 0)
+        if readers:
+            owner[surplus] = d_idx
         loc.release[rows] = d_idx[:, None]
         n += surplus.size
     if whole.shape[0]:
@@ -360,38 +365,33 @@ def local_arrays(
         n += whole.shape[0]
     # Merges: every target unit not at t_sub, from its parts
     if not lt_sub:
-        m_idx = np.arange(n, n + tgts.shape[0])
+        nt = tgts.shape[0]
         assert tgt_grp is not None
         blocks.append(Block(MERGE, n, tgts, lt, t_sub, grouping=tgt_grp, contiguous=tgt_contig))
-        parts = slot_unit.reshape(-1, kt)  # (targets × parts) unit ids
-        p = all_prod[parts]
-        has = p >= 0
-        own_m = np.repeat(m_idx, kt).reshape(-1, kt)
-        part_no = np.tile(np.arange(kt), tgts.shape[0]).reshape(-1, kt)
-        edges.add(p[has], own_m[has], DATA, 0, own_m[has], part_no[has], 0)
-        owner[parts] = own_m
-        part_of[parts] = part_no
-        n += tgts.shape[0]
+        parts = slot_unit  # (targets × parts) unit ids, flat
+        flat = np.arange(nt * kt)
+        own_m = flat // kt + n
+        part_no = flat % kt
+        edges.add(all_prod[parts], own_m, DATA, 0, own_m, part_no, 0)
+        if readers:
+            owner[parts] = own_m
+            part_of[parts] = part_no
+        n += nt
     # readers: every Extend reading a unit precedes the Destroy or Merge of that unit
-    reads_src, reads_ext = ext_src, ext_idx
-    if e0 >= 0:
-        reads_src = np.concatenate([[donor], ext_src])
-        reads_ext = np.concatenate([[e0], ext_idx])
-    if reads_src.size:
+    if readers:
+        reads_src, reads_ext = ext_src, ext_idx
+        if e0 >= 0:
+            reads_src = np.concatenate([[donor], ext_src])
+            reads_ext = np.concatenate([[e0], ext_idx])
         o = owner[reads_src]
-        has = o >= 0
-        if has.any():
-            o, ext = o[has], reads_ext[has]
-            edges.add(ext, o, DATA, 0, o, part_of[reads_src[has]], 1 + ext)
+        edges.add(reads_ext, o, DATA, 0, o, part_of[reads_src], 1 + reads_ext)
     # local: a GPU an Extend acquires waits for the Destroy of this model-stage that frees it
     # (the staged copy's own Destroy excepted; no other destroyed unit equals a slot)
     if n_ext:
-        rel = loc.release[slot_rows[unfilled]]  # (n_ext × s)
-        has = rel >= 0
-        if has.any():
-            own_e = np.repeat(ext_idx, s).reshape(-1, s)
-            pos = np.tile(np.arange(s), n_ext).reshape(-1, s)
-            edges.add(rel[has], own_e[has], LOCAL, 1, own_e[has], 0, pos[has])
+        rel = loc.release[slot_rows[unfilled]].reshape(-1)  # (Extends × GPUs), flat
+        flat = np.arange(n_ext * s)
+        own_e = flat // s + ext_idx[0]
+        edges.add(rel, own_e, LOCAL, 1, own_e, 0, flat % s)
     loc.n = n
     return loc
 
@@ -399,7 +399,7 @@ def local_arrays(
 def _heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
                  blocked: np.ndarray, donor: int) -> tuple[np.ndarray, np.ndarray]:
     """The source unit of each Extend in slot order as the heap of :func:`local.local_dag`
-    pops them, and the Extend (position) that read the same unit last (-1: none).
+    pops them, and the Extend (position) that read the same unit last (:data:`NONE`: none).
 
     Keys are ``(free_at, tie)`` and every push while round F is popped lands in a later round,
     so round F is its items in tie order: pool items first, then pushes in push order (a
@@ -412,8 +412,7 @@ def _heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
         return out, prev
     p0, p1 = pool[~pool_free], pool[pool_free]
     rounds: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {
-        0: [(p0, np.full(p0.size, -1, dtype=np.int64))],
-        1: [(p1, np.full(p1.size, -1, dtype=np.int64))]}
+        0: [(p0, none_array(p0.size))], 1: [(p1, none_array(p1.size))]}
     pos = 0
     f = 0
     items = last = _EMPTY
@@ -438,7 +437,7 @@ def _heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
         nxt = np.empty(2 * q, dtype=np.int64)
         nxt[0::2] = src
         nxt[1::2] = slots[pos:pos + q]
-        nlast = np.full(2 * q, -1, dtype=np.int64)
+        nlast = none_array(2 * q)
         nlast[0::2] = np.arange(pos, pos + q)
         if f == 1:  # round 0: a blocked slot starts at 1, so both land in round 2
             late = blocked[pos:pos + q].repeat(2)
@@ -463,7 +462,7 @@ def _heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
         nxt = np.empty(2 * q, dtype=np.int64)
         nxt[0::2] = items
         nxt[1::2] = slots[pos:pos + q]
-        nlast = np.full(2 * q, -1, dtype=np.int64)
+        nlast = none_array(2 * q)
         nlast[0::2] = np.arange(pos, pos + q)
         items, last = nxt, nlast
         pos += q

@@ -4,6 +4,8 @@ unit holds at least one byte, so that is the same as a missing key)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from nereus.emu.unit import Layout
@@ -26,32 +28,49 @@ def merge_received(blk: Block, state_bytes: int, rep: int, grouping: int) -> np.
     """Bytes each position of a merged unit receives (the Merge's peak above its part)."""
     sub = blk.sub
     assert sub is not None
-    _, fb, nb = flow_template(MERGE, blk.lay.tp, blk.lay.pp, sub.tp, sub.pp, grouping,
-                              state_bytes, rep)
-    return np.bincount(fb, weights=nb, minlength=blk.lay.size).astype(np.int64)
+    return _received(blk.lay.tp, blk.lay.pp, sub.tp, sub.pp, grouping, state_bytes, rep)
+
+
+@lru_cache(maxsize=4096)
+def _block_peak(kind: int, tp: int, pp: int, sub_tp: int, sub_pp: int, groupings: tuple[int, ...],
+                state_bytes: int, rep: int) -> int:
+    """The largest per-GPU peak of a primitive of one block (:meth:`peak_bytes`)."""
+    lay = Layout(tp, pp)
+    sb = shard_bytes(state_bytes, lay, rep)
+    if kind == DESTROY:
+        return sb
+    if kind == EXTEND:
+        return 2 * sb
+    sub = Layout(sub_tp, sub_pp)
+    if kind == SPLIT:
+        return sb + shard_bytes(state_bytes, sub, rep)
+    base = shard_bytes(state_bytes, sub, rep)
+    return max(base + int(_received(tp, pp, sub_tp, sub_pp, g, state_bytes, rep).max())
+               for g in groupings)
+
+
+@lru_cache(maxsize=4096)
+def _received(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: int, state_bytes: int,
+              rep: int) -> np.ndarray:
+    _, fb, nb = flow_template(MERGE, tp, pp, sub_tp, sub_pp, grouping, state_bytes, rep)
+    out = np.bincount(fb, weights=nb, minlength=tp * pp).astype(np.int64)
+    out.flags.writeable = False
+    return out
 
 
 def peak_top(loc: LocalArrays, state_bytes: int, rep: int) -> int:
     """The largest per-GPU peak of any primitive of ``loc``."""
     top = 0
     for blk in loc.blocks:
-        if not blk.count:
-            continue
-        sb = shard_bytes(state_bytes, blk.lay, rep)
-        if blk.kind == DESTROY:
-            top = max(top, sb)
-        elif blk.kind == EXTEND:
-            top = max(top, 2 * sb)
-        elif blk.kind == SPLIT:
-            assert blk.sub is not None
-            top = max(top, sb + shard_bytes(state_bytes, blk.sub, rep))
+        sub = blk.sub or blk.lay
+        if blk.kind == MERGE and blk.contiguous:
+            assert blk.grouping is not None
+            groupings: tuple[int, ...] = tuple(
+                g for g in (INTERLEAVED, CONTIGUOUS) if np.count_nonzero(blk.grouping == g))
         else:
-            assert blk.sub is not None and blk.grouping is not None
-            base = shard_bytes(state_bytes, blk.sub, rep)
-            for g in (INTERLEAVED, CONTIGUOUS) if blk.contiguous else (INTERLEAVED,):
-                if g == INTERLEAVED and blk.contiguous and not (blk.grouping == g).any():
-                    continue
-                top = max(top, base + int(merge_received(blk, state_bytes, rep, g).max()))
+            groupings = (INTERLEAVED,)
+        top = max(top, _block_peak(blk.kind, blk.lay.tp, blk.lay.pp, sub.tp, sub.pp, groupings,
+                                   state_bytes, rep))
     return top
 
 
