@@ -14,7 +14,14 @@ from nereus.transition.compile import _chain_gpus, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.expand import local_edge_arrays, local_records
 from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_order
-from nereus.transition.fast_local import EDGE_CODES, EXTEND, RESOURCE, Block, LocalArrays
+from nereus.transition.fast_local import (
+    DESTROY,
+    EDGE_CODES,
+    EXTEND,
+    RESOURCE,
+    Block,
+    LocalArrays,
+)
 from nereus.transition.phases import order_for_memory
 from nereus.transition.primitives import shard_bytes
 from nereus.transition.regions import new_emu
@@ -94,26 +101,32 @@ def assemble(
     for loc in stages:
         offsets.append(n)
         n += loc.n
-    # release: per model-stage and GPU the global index of the Destroy that frees it
-    off_col = np.array(offsets, dtype=np.int64)[:, None]
-    rel = np.stack([loc.release for loc in stages]) + off_col
-    rel[rel < off_col] = -1
+    # release: per model-stage that destroys anything, and GPU, the global index of the
+    # Destroy that frees it
+    freeing = [k for k, loc in enumerate(stages)
+               if any(blk.kind == DESTROY for blk in loc.blocks)]
     res_a: list[np.ndarray] = []
     res_b: list[np.ndarray] = []
-    for m, loc, off in zip(names, stages, offsets, strict=True):
-        rows = [c for c, other in enumerate(names) if excl.conflicts(other, m)]
+    if freeing:
+        rel = np.empty((len(freeing), stages[0].release.size), dtype=np.int64)
+        for r, k in enumerate(freeing):
+            rel[r] = stages[k].release
+            rel[r] += offsets[k]
+        rel[rel < 0] = -1
+    for m, loc, off in zip(names, stages, offsets, strict=True) if freeing else ():
+        rows = [r for r, k in enumerate(freeing) if excl.conflicts(names[k], m)]
         if not rows:
             continue
-        sub = rel[rows]
+        sub = rel[rows] if len(rows) < len(freeing) else rel
         for blk in loc.blocks:
-            if blk.kind != EXTEND or not blk.count:
+            if blk.kind != EXTEND:
                 continue
             assert blk.new is not None
             d = sub[:, blk.new]  # (stages × Extends × GPUs)
             has = d >= 0
             if np.count_nonzero(has):
                 idx = np.zeros(d.shape, dtype=np.int64)
-                idx += (off + blk.start + np.arange(blk.count))[:, None]
+                idx += (off + blk.start + np.arange(blk.rows.shape[0]))[:, None]
                 res_a.append(d[has])
                 res_b.append(idx[has])
     # raw: an Extend meets a Destroy once per GPU it frees (sorted and made unique when

@@ -70,11 +70,12 @@ def longest_path(lv: Levels, durations: np.ndarray) -> float:
     rounds of finish = duration + the latest predecessor's finish."""
     if not durations.size:
         return 0.0
-    finish = durations
+    finish = durations.copy()
+    start = np.empty(durations.size)
     for _ in range(lv.depth):
-        start = np.zeros(durations.size)
+        start.fill(0.0)
         np.maximum.at(start, lv.b, finish[lv.a])
-        finish = start + durations
+        np.add(start, durations, out=finish)
     return float(finish.max())
 
 
