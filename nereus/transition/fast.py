@@ -22,7 +22,6 @@ from operator import attrgetter
 import numpy as np
 
 from nereus.emu.unit import Emu, Layout, emus_of_plan
-from nereus.errors import TransitionError
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
@@ -418,8 +417,10 @@ def _plan(
         lvs = {m: locs[m].levels for m in names}
         bad = excess({m: lv for m, lv in lvs.items() if lv is not None}, excl, capacity)
         if bad.size:
-            try:
-                dag = order_memory(dag, bad.tolist(), capacity)
-            except TransitionError:
-                return None  # the reference raises
+            held = [(k, src[m].rows, shard_bytes(state_of[m], src[m].lay, rep_of[m]))
+                    for k, m in enumerate(names)]
+            got_dag = order_memory(dag, bad.tolist(), capacity, held)
+            if got_dag is None:
+                return None  # chaining every primitive on a GPU: the reference does it
+            dag = got_dag
     return dag
