@@ -93,3 +93,34 @@ def test_compile_dag_after_losing_a_node(plans: dict[str, ExecutionPlan]) -> Non
     assert all(g < 8 for u in dag.source for g in u.gpus)
     assert len(dag.source) == len(emus_of_plan(plans["short8"], stage_states(setup)))
     _check(setup, dag)
+
+
+def _reference(setup: Setup, cur: ExecutionPlan, tgt: ExecutionPlan, pool=None):  # type: ignore[no-untyped-def]
+    """What the controller compiled before the batched path: the reference compiler on the
+    surviving units."""
+    from nereus.control.planner_port import surviving_units
+    from nereus.transition.compile import compile_transition
+    from nereus.transition.primitives import model_replicated_sizer
+
+    wf = setup.job.workflow
+    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
+    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
+    return compile_transition(
+        surviving_units(setup, cur, pool), emus_of_plan(tgt, stage_states(setup)),
+        model_state_sizer(models, trainable, setup.job.dtype_bytes), capacity_bytes=CAP,
+        conflicts=wf.concurrent,
+        replicated=model_replicated_sizer(models, trainable, setup.job.dtype_bytes))
+
+
+@pytest.mark.parametrize("cur,tgt", [("short", "long"), ("long", "short"), ("short8", "long8")])
+def test_batched_planning_equals_the_reference(plans: dict[str, ExecutionPlan], cur: str,
+                                               tgt: str) -> None:
+    """The controller plans on the batched path: same DAG and L̂_tran as the reference."""
+    from nereus.control.planner_port import plan_dag
+
+    setup = _setup(1024)
+    planned = plan_dag(setup, plans[cur], plans[tgt])
+    ref = _reference(setup, plans[cur], plans[tgt])
+    assert planned.batched is not None
+    assert planned.dag == ref
+    assert planned.cost_s(setup.cluster) == transition_cost_s(ref, setup.cluster)

@@ -20,9 +20,8 @@ from nereus.plan.candidates import CostCache
 from nereus.plan.search import search_plan
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
-from nereus.transition.compile import compile_transition
-from nereus.transition.cost import transition_cost_s
 from nereus.transition.dag import TransitionDag
+from nereus.transition.fast import PlannedTransition, plan_plans
 from nereus.transition.primitives import model_replicated_sizer, model_state_sizer
 
 
@@ -54,10 +53,12 @@ def surviving_units(setup: Setup, plan: ExecutionPlan, pool: Sequence[int] | Non
     return tuple(u for u in units if alive.issuperset(u.gpus))
 
 
-def compile_dag(
+def plan_dag(
     setup: Setup, current: ExecutionPlan, target: ExecutionPlan, pool: Sequence[int] | None = None
-) -> TransitionDag:
-    """The transition DAG from the units of ``current`` that survive on ``pool`` to ``target``.
+) -> PlannedTransition:
+    """The transition from the units of ``current`` that survive on ``pool`` to ``target``,
+    planned on the batched path (:func:`nereus.transition.fast.plan_plans`): ``.cost_s`` is
+    L̂_tran, ``.dag`` the per-primitive DAG (built on demand; what :func:`compile_dag` returns).
 
     Raises TransitionError when no DAG exists — including when every replica of some
     model-stage was lost (its state must come from a checkpoint)."""
@@ -66,15 +67,27 @@ def compile_dag(
     trainable = {ms.name: ms.trainable for ms in wf.model_stages}
     sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
     replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
-    source = surviving_units(setup, current, pool)
-    lost = sorted({sp.name for sp in current.stages} - {u.model_stage for u in source})
+    alive = None if pool is None else set(pool)
+    lost = sorted(sp.name for sp in current.stages
+                  if not any(alive is None or alive.issuperset(r) for r in sp.replicas))
     if lost:
         raise TransitionError(f"every replica of {', '.join(lost)} was lost")
-    return compile_transition(
-        source, emus_of_plan(target, stage_states(setup)), sizer,
+    return plan_plans(
+        current, target, stage_states(setup), sizer,
         capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
-        replicated=replicated,
+        replicated=replicated, alive=alive,
     )
+
+
+def compile_dag(
+    setup: Setup, current: ExecutionPlan, target: ExecutionPlan, pool: Sequence[int] | None = None
+) -> TransitionDag:
+    """The transition DAG from the units of ``current`` that survive on ``pool`` to ``target``
+    (the DAG :func:`nereus.transition.compile.compile_transition` builds from those units).
+
+    Raises TransitionError when no DAG exists — including when every replica of some
+    model-stage was lost (its state must come from a checkpoint)."""
+    return plan_dag(setup, current, target, pool).dag
 
 
 @dataclass(frozen=True)
@@ -132,7 +145,7 @@ class SearchPort:
         if current == target:
             return 0.0
         try:
-            dag = compile_dag(self.setup, current, target, self.pool)
+            planned = plan_dag(self.setup, current, target, self.pool)
         except TransitionError:
             return None
-        return transition_cost_s(dag, self.setup.cluster)
+        return planned.cost_s(self.setup.cluster)

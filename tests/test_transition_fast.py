@@ -1,0 +1,207 @@
+"""Tier 1 (pure): the batched planning path (:mod:`nereus.transition.fast`) gives the reference
+compiler's DAG — the same primitives, edges, order and L̂_tran, or the same error — on random
+placements (no periodic structure), capacity-bound, co-resident and interrupted collections."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from coresident_cases import coresident_case
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transition_cases import case
+
+from nereus.emu.unit import Emu, Layout, emus_of_plan
+from nereus.errors import TransitionError
+from nereus.runtime.dag_wire import dag_from_wire, dag_to_wire
+from nereus.spec.hardware import H200, ClusterSpec
+from nereus.spec.model import LLAMA_3_1_8B
+from nereus.spec.plan import ExecutionPlan, StagePlan
+from nereus.spec.workflow import build_workflow
+from nereus.transition.compile import compile_plans, compile_transition
+from nereus.transition.cost import transition_cost_s
+from nereus.transition.fast import PlannedTransition, plan_plans, plan_transition
+from nereus.transition.primitives import StateSizer, model_state_sizer
+from nereus.transition.schedule import Scheduler
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _cluster(pool: list[int], gpn: int = 2) -> ClusterSpec:
+    return ClusterSpec(max(1, -(-(max(pool) + 1) // gpn)), gpn, H200)
+
+
+def _outcome(fn):  # type: ignore[no-untyped-def]
+    try:
+        return fn(), None
+    except TransitionError as exc:
+        return None, str(exc)
+
+
+def _same(ref_fn, fast_fn, cluster: ClusterSpec) -> PlannedTransition | None:  # type: ignore[no-untyped-def]
+    """The reference and the batched path agree: the same DAG and L̂_tran, or the same error."""
+    ref, ref_err = _outcome(ref_fn)
+    got, got_err = _outcome(fast_fn)
+    assert ref_err == got_err
+    if ref is None:
+        return None
+    dag = got.dag
+    assert dag.primitives == ref.primitives
+    assert dag.edges == ref.edges
+    assert dag.order == ref.order
+    assert dag == ref  # and source, target, t_sub, conflicts, sizes
+    assert got.cost_s(cluster) == transition_cost_s(ref, cluster)
+    return got
+
+
+def _replicated(rng: random.Random, sizer: StateSizer) -> StateSizer | None:
+    if rng.random() < 0.5:
+        return None
+    frac = rng.choice([0.01, 0.06, 0.2])
+    return lambda m: int(sizer(m) * frac)
+
+
+@SETTINGS
+@given(st.integers(0, 10**9), st.sampled_from(["none", "loose", "tight"]))
+def test_random_placements_match_the_reference(seed: int, memory: str) -> None:
+    cur, tgt, states, sizer, pool = case(seed)
+    rng = random.Random(seed)
+    src, dst = emus_of_plan(cur, states), emus_of_plan(tgt, states)
+    cap = None
+    if memory != "none":
+        top = max(-(-sizer(u.model_stage) // u.layout.size) for u in src)
+        cap = top * (4 if memory == "loose" else 1) + rng.randint(1, 10**5)
+    rep = _replicated(rng, sizer)
+    spare = pool if rng.random() < 0.5 else []
+    kw = dict(capacity_bytes=cap, spare_gpus=spare, replicated=rep)
+    cl = _cluster(pool, rng.choice([1, 2, 4]))
+    _same(lambda: compile_plans(cur, tgt, states, sizer, **kw),
+          lambda: plan_plans(cur, tgt, states, sizer, **kw), cl)
+    _same(lambda: compile_transition(src, dst, sizer, **kw),
+          lambda: plan_transition(src, dst, sizer, **kw), cl)
+
+
+@SETTINGS
+@given(st.integers(0, 10**9))
+def test_coresident_placements_match_the_reference(seed: int) -> None:
+    c = coresident_case(seed)
+    kw = dict(capacity_bytes=c.capacity_bytes, conflicts=c.workflow.concurrent,
+              spare_gpus=c.pool)
+    cl = _cluster(c.pool)
+    _same(lambda: compile_plans(c.current, c.target, c.states, c.sizer, **kw),
+          lambda: plan_plans(c.current, c.target, c.states, c.sizer, **kw), cl)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**9), st.floats(0.0, 1.0))
+def test_interrupted_collections_match_the_reference(seed: int, cut: float) -> None:
+    """Mixed layouts inside a model-stage (a transition stopped part-way) go to the reference."""
+    cur, tgt, states, sizer, pool = case(seed)
+    try:
+        dag = compile_plans(cur, tgt, states, sizer, spare_gpus=pool)
+    except TransitionError:
+        return
+    sched = Scheduler(dag)
+    for _ in range(int(cut * len(dag.primitives))):
+        for i in sched.ready():
+            sched.start(i)
+        sched.complete(min(sched.running))
+    mid = tuple(sorted(sched.live))
+    dst = emus_of_plan(tgt, states)
+    _same(lambda: compile_transition(mid, dst, sizer, spare_gpus=pool),
+          lambda: plan_transition(mid, dst, sizer, spare_gpus=pool), _cluster(pool))
+
+
+@SETTINGS
+@given(st.integers(0, 10**9))
+def test_survivors_on_a_smaller_pool_match_the_reference(seed: int) -> None:
+    cur, tgt, states, sizer, pool = case(seed)
+    rng = random.Random(seed)
+    alive = sorted(rng.sample(pool, max(1, len(pool) - rng.randint(0, 2))))
+    live = set(alive)
+    src = tuple(u for u in emus_of_plan(cur, states) if live.issuperset(u.gpus))
+    _same(lambda: compile_transition(src, emus_of_plan(tgt, states), sizer),
+          lambda: plan_plans(cur, tgt, states, sizer, alive=alive), _cluster(pool))
+
+
+def _blocks(n: int, spec: tuple[tuple[str, int, int, int], ...]) -> ExecutionPlan:
+    """Each model-stage a block of n·sixteenths/16 GPUs, replicas in order (as the benchmark)."""
+    stages, off = [], 0
+    for name, sixteenths, tp, pp in spec:
+        size = n * sixteenths // 16
+        reps = tuple(tuple(range(off + r * tp * pp, off + (r + 1) * tp * pp))
+                     for r in range(size // (tp * pp)))
+        stages.append(StagePlan(name, tp, pp, len(reps), 1, 1, replicas=reps))
+        off += size
+    return ExecutionPlan(tuple(stages))
+
+
+PPO = build_workflow("ppo", "sync", reward_model=True)
+STATES = {n: n for n in PPO.names}
+
+
+LLAMA = model_state_sizer({m: LLAMA_3_1_8B for m in PPO.names},
+                          {m: m.endswith("-train") for m in PPO.names})
+
+
+def test_disjoint_block_plans_take_the_batched_path() -> None:
+    cur = _blocks(64, (("actor-gen", 4, 2, 1), ("ref-inf", 2, 1, 1), ("reward-inf", 2, 2, 1),
+                       ("critic-inf", 2, 1, 1), ("actor-train", 4, 4, 2),
+                       ("critic-train", 2, 4, 1)))
+    tgt = _blocks(64, (("actor-gen", 6, 1, 1), ("ref-inf", 1, 2, 1), ("reward-inf", 1, 1, 1),
+                       ("critic-inf", 2, 2, 1), ("actor-train", 4, 8, 1),
+                       ("critic-train", 2, 2, 2)))
+    got = _same(lambda: compile_plans(cur, tgt, STATES, LLAMA, capacity_bytes=H200.memory_bytes),
+                lambda: plan_plans(cur, tgt, STATES, LLAMA, capacity_bytes=H200.memory_bytes),
+                ClusterSpec(8, 8, H200))
+    assert got is not None and got.batched is not None
+    # the executor's wire format carries the expanded DAG unchanged (plain ints throughout)
+    assert dag_from_wire(dag_to_wire(got.dag)) == got.dag
+
+
+def test_coresident_phase_plans_order_memory_on_the_batched_path() -> None:
+    """Every phase spans the pool: the memory ordering runs on the arrays and agrees."""
+    def phases(spec: tuple[tuple[tuple[str, int, int, int], ...], ...]) -> ExecutionPlan:
+        stages = [sp for phase in spec for sp in _blocks(32, phase).stages]
+        return ExecutionPlan(tuple(sorted(stages, key=lambda sp: PPO.names.index(sp.name))))
+
+    cur = phases(((("actor-gen", 16, 2, 1),),
+                  (("ref-inf", 4, 1, 1), ("reward-inf", 4, 2, 1), ("critic-inf", 8, 1, 1)),
+                  (("actor-train", 8, 4, 2), ("critic-train", 8, 4, 1))))
+    tgt = phases(((("actor-gen", 16, 4, 1),),
+                  (("critic-inf", 8, 2, 1), ("reward-inf", 6, 1, 1), ("ref-inf", 2, 2, 1)),
+                  (("critic-train", 8, 2, 2), ("actor-train", 8, 8, 1))))
+    kw = dict(capacity_bytes=H200.memory_bytes, conflicts=PPO.concurrent)
+    got = _same(lambda: compile_plans(cur, tgt, STATES, LLAMA, **kw),
+                lambda: plan_plans(cur, tgt, STATES, LLAMA, **kw), ClusterSpec(4, 8, H200))
+    assert got is not None and got.batched is not None
+    assert got.batched.extra  # "memory" edges were needed and built on the arrays
+    assert all(kind == "memory" for _, _, kind in got.batched.extra)
+
+
+def test_most_random_cases_take_the_batched_path() -> None:
+    """Guards the equality tests against passing by always falling back."""
+    batched = compiled = 0
+    for seed in range(80):
+        cur, tgt, states, sizer, pool = case(seed)
+        try:
+            got = plan_plans(cur, tgt, states, sizer, spare_gpus=pool)
+        except TransitionError:
+            continue
+        compiled += 1
+        batched += got.batched is not None
+    assert compiled >= 40 and batched == compiled
+
+
+def test_inputs_the_batched_path_does_not_cover_fall_back() -> None:
+    a = Emu("a-inf", "a", Layout(1, 1), (0,))
+    b = Emu("a-inf", "a", a.layout, (1,))
+    # per-GPU capacities go to the reference compiler, with its result
+    got = plan_transition([a], [b], lambda m: 10, capacity_bytes={0: 100, 1: 100})
+    assert got.batched is None
+    assert got.dag == compile_transition([a], [b], lambda m: 10,
+                                         capacity_bytes={0: 100, 1: 100})
+    # invalid collections raise the reference's error
+    with pytest.raises(TransitionError, match="GPU 0 held by a-inf and a-inf"):
+        plan_transition([a, Emu("a-inf", "a", a.layout, (0,))], [b], lambda m: 10)
