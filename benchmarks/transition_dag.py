@@ -6,10 +6,15 @@ GPUs; the target changes dp of four model-stages and tp/pp of four, with the blo
 shifting so that model-stages take over each other's GPUs) and "co-resident" (as the planner
 places a synchronous workflow: each phase — gen, inf, train — spans the whole pool, model-stages
 of one phase on disjoint GPUs, phases sharing GPUs; the conflict relation is
-``Workflow.concurrent``). Ours = compile + cost, what the controller runs per replan (median of
-repeats, wall and CPU time, and the best CPU time: on a loaded machine the least disturbed run);
-validation (exhaustive over interleavings, run in tests) is timed separately. The exact scheduler is a time-capped MILP over the same primitives and forced
-precedences; gap = our simulated makespan vs. the MILP's.
+``Workflow.concurrent``). Ours = what the controller runs per replan (``planner_port.plan_dag``):
+``plan_plans`` from the two plans (reading their replica tuples included) + ``cost_s``, the
+batched path of :mod:`nereus.transition.fast` (median of repeats, wall and CPU time, and the best
+CPU time: on a loaded machine the least disturbed run). Timed apart: expanding to the
+per-primitive DAG (only for the transition that is executed), the reference compiler
+(``compile_transition`` + ``transition_cost_s`` on prebuilt units) in the same minutes, and
+validation (exhaustive over interleavings, run in tests); ``same`` checks the expanded DAG and
+L̂_tran against the reference's. The exact scheduler is a time-capped MILP over the same
+primitives and forced precedences; gap = our simulated makespan vs. the MILP's.
 
 (b) Overlap: 100 trials per overlap type with random placements of the current and target plans
 (TP groups inside a node) and random launch timing (per model-stage start offset and per-primitive
@@ -20,11 +25,14 @@ mode "real" (the same three overlap types scaled to 8 MPI ranks with tiny Megatr
 primitives executed over gloo) is benchmarks/transition_dag_real.py, added with ``--real N``.
 
     python benchmarks/transition_dag.py [--json] [--quick]
+    python benchmarks/transition_dag.py --plan-only disjoint 1024 10   # for a profiler
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import itertools
 import json
 import os
 import random
@@ -41,7 +49,9 @@ from nereus.spec.workflow import build_workflow
 from nereus.transition.baselines import exact_makespan, per_component_simulate
 from nereus.transition.compile import compile_transition
 from nereus.transition.cost import durations_s, transition_cost_s
+from nereus.transition.fast import plan_plans
 from nereus.transition.primitives import model_state_sizer
+from nereus.transition.residency import ConflictSpec
 from nereus.transition.schedule import simulate
 from nereus.transition.validate import validate_dag
 
@@ -138,46 +148,78 @@ def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int) -> list[di
 
 def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> dict[str, object]:
     cluster = ClusterSpec(n // GPN, GPN, H200)
-    if placement == "disjoint":
-        cur, tgt, conflicts = _block_plan(n, PLAN_CUR), _block_plan(n, PLAN_TGT), None
-    else:
-        cur, tgt = _phase_plan(n, PHASES_CUR), _phase_plan(n, PHASES_TGT)
-        conflicts = PPO.concurrent
+    cur, tgt, conflicts = _plans(placement, n)
     src, dst = emus_of_plan(cur, STATES), emus_of_plan(tgt, STATES)
     wall: list[float] = []
     cpu: list[float] = []
     parts: list[tuple[float, float, float]] = []
     for _ in range(repeats):
         w0, c0 = time.perf_counter(), time.process_time()
-        dag = compile_transition(src, dst, SIZER, capacity_bytes=CAP, conflicts=conflicts)
+        planned = plan_plans(cur, tgt, STATES, SIZER, capacity_bytes=CAP, conflicts=conflicts)
         w1 = time.perf_counter()
-        cost_s = transition_cost_s(dag, cluster)
+        cost_s = planned.cost_s(cluster)
         w2, c2 = time.perf_counter(), time.process_time()
-        validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
+        dag = planned.dag  # built only for the transition that is executed
         w3 = time.perf_counter()
         wall.append(w2 - w0)
         cpu.append(c2 - c0)
         parts.append((w1 - w0, w2 - w1, w3 - w2))
+    # the reference compiler in the same minutes (units built beforehand, as it takes them)
+    ref_cpu: list[float] = []
+    for _ in range(max(2, repeats // 4)):
+        c0 = time.process_time()
+        ref = compile_transition(src, dst, SIZER, capacity_bytes=CAP, conflicts=conflicts)
+        ref_cost = transition_cost_s(ref, cluster)
+        ref_cpu.append(time.process_time() - c0)
+    same = dag == ref and cost_s == ref_cost
+    w0 = time.perf_counter()
+    validate_dag(dag, capacity_bytes=CAP, sizer=SIZER)
+    validate_ms = (time.perf_counter() - w0) * 1e3
     dur = durations_s(dag, cluster)
-    ours = simulate(dag, dur, capacity_bytes=CAP).makespan_s
+    sim = simulate(dag, dur, capacity_bytes=CAP).makespan_s
     t0 = time.perf_counter()
     ex = exact_makespan(dag, dur, time_limit_s=exact_cap_s)
     exact_ms = (time.perf_counter() - t0) * 1e3
-    gap = (ours - ex.makespan_s) / ex.makespan_s * 100 if ex.makespan_s == ex.makespan_s \
+    gap = (sim - ex.makespan_s) / ex.makespan_s * 100 if ex.makespan_s == ex.makespan_s \
         else None
     return {
         "placement": placement, "gpus": n, "primitives": len(dag.primitives),
-        "resource_edges": len(dag.resource_edges),
+        "resource_edges": len(dag.resource_edges), "batched": planned.batched is not None,
+        "same_as_reference": same,
         "ours_ms": round(_median(wall), 3), "ours_cpu_ms": round(_median(cpu), 3),
         "ours_cpu_best_ms": round(min(cpu) * 1e3, 3),
-        "compile_ms": round(_median([p[0] for p in parts]), 3),
+        "plan_ms": round(_median([p[0] for p in parts]), 3),
         "cost_ms": round(_median([p[1] for p in parts]), 3),
-        "validate_ms": round(_median([p[2] for p in parts]), 3),
+        "expand_ms": round(_median([p[2] for p in parts]), 3),
+        "reference_cpu_ms": round(_median(ref_cpu), 3),
+        "reference_cpu_best_ms": round(min(ref_cpu) * 1e3, 3),
+        "validate_ms": round(validate_ms, 3),
         "exact_ms": round(exact_ms, 1), "exact_optimal": ex.optimal,
-        "cost_s": round(cost_s, 4), "ours_makespan_s": round(ours, 4),
+        "cost_s": round(cost_s, 4), "ours_makespan_s": round(sim, 4),
         "exact_makespan_s": None if gap is None else round(ex.makespan_s, 4),
         "gap_pct": None if gap is None else round(gap, 2),
     }
+
+
+def _plans(placement: str, n: int) -> tuple[ExecutionPlan, ExecutionPlan, ConflictSpec]:
+    if placement == "disjoint":
+        return _block_plan(n, PLAN_CUR), _block_plan(n, PLAN_TGT), None
+    return _phase_plan(n, PHASES_CUR), _phase_plan(n, PHASES_TGT), PPO.concurrent
+
+
+def plan_only(placement: str, n: int, reps: int) -> None:
+    """``reps`` plannings (plan + cost) and nothing else, each one call of ``starmap``'s
+    ``__next__``: for an external profiler (e.g. callgrind with collection toggled on
+    ``starmap_next``, whose instruction count does not depend on the machine's load)."""
+    cluster = ClusterSpec(n // GPN, GPN, H200)
+    cur, tgt, conflicts = _plans(placement, n)
+
+    def once() -> float:
+        return plan_plans(cur, tgt, STATES, SIZER, capacity_bytes=CAP,
+                          conflicts=conflicts).cost_s(cluster)
+
+    once()
+    collections.deque(itertools.starmap(once, itertools.repeat((), reps)), maxlen=0)
 
 
 def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
@@ -232,12 +274,17 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and trials")
     ap.add_argument("--exact-cap-s", type=float, default=20.0)
+    ap.add_argument("--plan-only", nargs=3, metavar=("PLACEMENT", "GPUS", "REPS"),
+                    help="only REPS plannings, for an external profiler (see plan_only)")
     ap.add_argument("--real", type=int, default=0, metavar="N",
                     help="also N trials per type executed on 8 CPU ranks (minutes per trial "
                          "under load; 0: skip)")
     args = ap.parse_args()
+    if args.plan_only:
+        plan_only(args.plan_only[0], int(args.plan_only[1]), int(args.plan_only[2]))
+        return 0
     sizes = [32, 128] if args.quick else [32, 64, 128, 256, 512, 1024]
-    planning = planning_rows(sizes, args.exact_cap_s, 3 if args.quick else 7)
+    planning = planning_rows(sizes, args.exact_cap_s, 5 if args.quick else 21)
     overlap = overlap_rows(10 if args.quick else 100, 20261201)
     if args.real:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -249,15 +296,16 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'edges':>6} {'ours ms':>8} {'cpu ms':>7} "
-          f"{'best':>7} "
-          f"{'compile/cost':>14} {'valid ms':>9} "
-          f"{'exact ms':>10} {'opt':>4} {'L_tran s':>9} {'ours s':>8} {'exact s':>8} {'gap %':>6}")
+    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'edges':>6} {'same':>5} {'ours ms':>8} "
+          f"{'cpu ms':>7} {'best':>7} {'plan/cost':>12} {'expand':>7} {'ref cpu':>8} "
+          f"{'valid ms':>9} {'exact ms':>10} {'opt':>4} {'L_tran s':>9} {'ours s':>8} "
+          f"{'exact s':>8} {'gap %':>6}")
     for r in planning:
-        split = f"{r['compile_ms']}/{r['cost_ms']}"
+        split = f"{r['plan_ms']}/{r['cost_ms']}"
         print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} "
-              f"{r['ours_ms']:>8} {r['ours_cpu_ms']:>7} {r['ours_cpu_best_ms']:>7} {split:>14} "
-              f"{r['validate_ms']:>9} "
+              f"{r['same_as_reference']!s:>5} {r['ours_ms']:>8} {r['ours_cpu_ms']:>7} "
+              f"{r['ours_cpu_best_ms']:>7} {split:>12} {r['expand_ms']:>7} "
+              f"{r['reference_cpu_ms']:>8} {r['validate_ms']:>9} "
               f"{r['exact_ms']:>10} {r['exact_optimal']!s:>4} {r['cost_s']:>9} "
               f"{r['ours_makespan_s']:>8} {r['exact_makespan_s']!s:>8} {r['gap_pct']!s:>6}")
     print()
