@@ -19,11 +19,19 @@ from nereus.spec.hardware import H200, ClusterSpec
 from nereus.spec.model import LLAMA_3_1_8B
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.spec.workflow import build_workflow
+from nereus.transition import fast
 from nereus.transition.compile import compile_plans, compile_transition
 from nereus.transition.cost import transition_cost_s
 from nereus.transition.fast import PlannedTransition, plan_plans, plan_transition
 from nereus.transition.primitives import StateSizer, model_state_sizer
 from nereus.transition.schedule import Scheduler
+
+
+@pytest.fixture(autouse=True)
+def _always_batched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small cases too take the batched path here (the switch to the reference is for speed)."""
+    monkeypatch.setattr(fast, "SMALL_UNITS", 0)
+
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -192,6 +200,14 @@ def test_most_random_cases_take_the_batched_path() -> None:
         compiled += 1
         batched += got.batched is not None
     assert compiled >= 40 and batched == compiled
+
+
+def test_small_transitions_go_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast, "SMALL_UNITS", 48)
+    cur, tgt, states, sizer, pool = case(3)
+    got = plan_plans(cur, tgt, states, sizer, spare_gpus=pool)
+    assert got.batched is None
+    assert got.dag == compile_plans(cur, tgt, states, sizer, spare_gpus=pool)
 
 
 def test_inputs_the_batched_path_does_not_cover_fall_back() -> None:

@@ -8,7 +8,8 @@ blocks, edges as arrays. L̂_tran comes from the arrays (:mod:`fast_cost`); the 
 (:attr:`PlannedTransition.dag`, equal to what ``compile_transition`` returns). Inputs the batched
 path does not cover (a model-stage whose units differ in layout, per-GPU capacities or reserved
 bytes, an invalid collection, a target that cannot be reached) go to the reference compiler,
-which gives the same DAG or raises the same error.
+which gives the same DAG or raises the same error; so do small transitions (:data:`SMALL_UNITS`),
+where it is the faster of the two.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from nereus.transition.fast_local import _EMPTY, LocalArrays, destroy_only, loca
 from nereus.transition.fast_memory import excess, fits_beside, peak_top, stage_levels
 from nereus.transition.primitives import StateSizer, shard_bytes
 from nereus.transition.residency import ConflictSpec, Exclusion, exclusion_for
+
+# Below this many units (source and target together), with no conflict relation given, the
+# reference compiler's per-primitive work costs less than the batched path's fixed per-call
+# work (about 50 units: 32 GPUs of the benchmark's disjoint plans), so small transitions go
+# there; both give the same DAG.
+SMALL_UNITS = 48
 
 _STAGE = attrgetter("model_stage")
 _STATE = attrgetter("state")
@@ -183,7 +190,9 @@ def plan_transition(
 ) -> PlannedTransition:
     """:func:`compile.compile_transition` (same arguments, same DAG, same errors), batched."""
     got = None
-    if not reserved_bytes and (capacity_bytes is None or isinstance(capacity_bytes, int)):
+    small = conflicts is None and len(source) + len(target) < SMALL_UNITS
+    if not small and not reserved_bytes and (capacity_bytes is None
+                                             or isinstance(capacity_bytes, int)):
         src, tgt = _sides(source), _sides(target)
         if src is not None and tgt is not None:
             got = _plan(src, tgt, tuple(source), tuple(target), sizer, capacity_bytes,
@@ -214,7 +223,10 @@ def plan_plans(
     ``alive``, when given) to the units of ``target`` (as :func:`compile.compile_plans`), read
     straight from the plans' replica tuples."""
     got = None
-    if not reserved_bytes and (capacity_bytes is None or isinstance(capacity_bytes, int)):
+    small = conflicts is None and sum(len(sp.replicas) for sp in current.stages) \
+        + sum(len(sp.replicas) for sp in target.stages) < SMALL_UNITS
+    if not small and not reserved_bytes and (capacity_bytes is None
+                                             or isinstance(capacity_bytes, int)):
         mask = None
         ok = True
         if alive is not None:
