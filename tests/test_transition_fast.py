@@ -16,7 +16,7 @@ from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.runtime.dag_wire import dag_from_wire, dag_to_wire
 from nereus.spec.hardware import H200, ClusterSpec
-from nereus.spec.model import LLAMA_3_1_8B
+from nereus.spec.model import LLAMA_3_1_8B, TINY_GPT
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.spec.workflow import build_workflow
 from nereus.transition import fast
@@ -131,6 +131,36 @@ def test_survivors_on_a_smaller_pool_match_the_reference(seed: int) -> None:
     src = tuple(u for u in emus_of_plan(cur, states) if live.issuperset(u.gpus))
     _same(lambda: compile_transition(src, emus_of_plan(tgt, states), sizer),
           lambda: plan_plans(cur, tgt, states, sizer, alive=alive), _cluster(pool))
+
+
+@st.composite
+def _executor_collections(draw: st.DrawFn) -> tuple[tuple[Emu, ...], tuple[Emu, ...]]:
+    """Collections like those ``test_dag_exec_gloo`` executes: 4 GPUs, tiny-gpt layouts."""
+    def one(name: str) -> list[Emu]:
+        lay = draw(st.sampled_from([Layout(t, p) for t in (1, 2) for p in (1, 2, 4)
+                                    if t * p <= 4]))
+        dp = draw(st.integers(1, 4 // lay.size))
+        gpus = draw(st.permutations(range(4)))
+        return [Emu(name, name, lay, tuple(gpus[r * lay.size:(r + 1) * lay.size]))
+                for r in range(dp)]
+
+    names = ("actor-train", "actor-gen")
+    return (tuple(u for n in names for u in one(n)), tuple(u for n in names for u in one(n)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_executor_collections())
+def test_executor_sized_collections_match_the_reference(units: tuple[tuple[Emu, ...],
+                                                                     tuple[Emu, ...]]) -> None:
+    src, dst = units
+    sizer = model_state_sizer({m: TINY_GPT for m in ("actor-train", "actor-gen")},
+                              {"actor-train": True, "actor-gen": False})
+    conflicts = build_workflow("ppo", "sync", reward_model=False).concurrent
+    got = _same(lambda: compile_transition(src, dst, sizer, conflicts=conflicts),
+                lambda: plan_transition(src, dst, sizer, conflicts=conflicts),
+                ClusterSpec(2, 2, H200))
+    if got is not None:
+        assert dag_from_wire(dag_to_wire(got.dag)) == got.dag
 
 
 def _blocks(n: int, spec: tuple[tuple[str, int, int, int], ...]) -> ExecutionPlan:

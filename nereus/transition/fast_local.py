@@ -116,7 +116,7 @@ def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if not rows.shape[0]:
         return np.zeros(q.shape[:-1], dtype=bool)
     ids = tab[q[..., 0]]
-    hit: np.ndarray = (rows[ids] == q).all(-1)
+    hit: np.ndarray = np.logical_and.reduce(rows[ids] == q, axis=-1)
     hit &= ids >= 0
     return hit
 
@@ -180,7 +180,11 @@ def local_arrays(
                     hit |= _member(q, tab, rows)
                 return hit
 
-            tgt_grp = (in_src(slots_c).sum(1) > in_src(slots_i).sum(1)).astype(np.int8)
+            hits_ti = np.add.reduce(in_src(slots_i), axis=1)
+            if int(hits_ti.min()) == kt:  # every interleaved part lands: nothing can beat it
+                tgt_grp = np.zeros(tgts.shape[0], dtype=np.int8)
+            else:
+                tgt_grp = (np.add.reduce(in_src(slots_c), axis=1) > hits_ti).astype(np.int8)
             tgt_contig = bool(np.count_nonzero(tgt_grp))
             slot_rows = (np.where(tgt_grp[:, None, None] == 1, slots_c, slots_i) if tgt_contig
                          else slots_i).reshape(-1, s)
@@ -208,7 +212,7 @@ def local_arrays(
         if s_differ:
             subs_c = srcs[:, sub_index(ls.tp, ls.pp, st, sp, CONTIGUOUS)]
             hits_c = _member(subs_c, slot_tab, slot_rows)
-            grp = (hits_c.sum(1) > hits.sum(1)).astype(np.int8)
+            grp = (np.add.reduce(hits_c, axis=1) > np.add.reduce(hits, axis=1)).astype(np.int8)
             pick = grp == 1
             if np.count_nonzero(pick):
                 src_contig = True
