@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORLD = 8
+DEVICE_BYTES = 1_600_000_000  # per rank: the largest row (Split) holds 1.47 GB at its peak
 
 
 def _free_port() -> int:
@@ -100,14 +101,10 @@ def _fill(ex: Any) -> None:
 
 
 def _trim() -> None:
-    """Give freed heap memory back to the OS between rows (8 ranks share a small machine)."""
-    import contextlib
-    import ctypes
+    """Drop the previous row's units (their memory stays with the rank, as on a GPU)."""
     import gc
 
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _p2p(rank: int, store: Any, n_values: int) -> float:
@@ -173,13 +170,18 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
     from nereus.emu.primitives import destroy, extend, merge, split
     from nereus.emu.unit import Layout
     from nereus.runtime.checkpoint import save_units
+    from nereus.runtime.host_memory import reserve, retain_freed_memory
     from nereus.runtime.primitives import Executor
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS[model]
+    # Each rank plays a GPU of DEVICE_BYTES, as nereus run's CPU ranks do: freed memory is kept
+    # and the device's memory is touched once here, before any row is timed.
+    reserve_s = reserve(DEVICE_BYTES) if retain_freed_memory() else 0.0
     ex = Executor(spec, rank, store, "bench", timeout_s=600.0)
     out: dict[str, Any] = {"p2p_s": _p2p(rank, store, 32 * 2**20),
-                           "pairs_s": _p2p_pairs(rank, store, 32 * 2**20), "rows": []}
+                           "pairs_s": _p2p_pairs(rank, store, 32 * 2**20), "rows": [],
+                           "reserve_s": reserve_s}
 
     def start(units: list[Any]) -> None:
         ex.units.clear()
@@ -241,16 +243,32 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
         ex.last_transfer_s = split_transfer_s
 
     row("(2,2,2)→(2,4,1)", cs + cmm, split_then_merge)
-    # Split tp 2→1 as pairwise sends vs one gloo all-gather per block
-    out["split_modes"] = []
-    for allgather in (False, True):
-        start(src)
+    return out
+
+
+def split_modes(rank: int, store: Any, model: str) -> list[dict[str, Any]]:
+    """Split tp 2→1 of two tp2 units on ranks 0-3 as pairwise sends vs one gloo all-gather per
+    block, twice each, in a job of its own (the all-gather's buffers need several GB that the
+    main job's device reserve leaves no room for); no reserve, the same conditions for both."""
+    from nereus.emu.primitives import split
+    from nereus.emu.unit import Layout
+    from nereus.runtime.primitives import Executor
+    from nereus.spec.model import MODEL_PRESETS
+
+    spec = MODEL_PRESETS[model]
+    ex = Executor(spec, rank, store, "modes", timeout_s=600.0)
+    src = _units(2, 2, 1)
+    out = []
+    for allgather in (False, True, False, True):
+        ex.units.clear()
+        _trim()
+        for u in src:
+            ex.create(u)
+        _fill(ex)
         ex.split_allgather = allgather
         sp = [split(spec, u, Layout(1, 1)) for u in src]
         seconds, transfer_s = _timed(ex, lambda sp=sp: ex.concurrent(sp))
-        out["split_modes"].append({"allgather": allgather, "seconds": seconds,
-                                   "transfer_s": transfer_s})
-    ex.split_allgather = False
+        out.append({"allgather": allgather, "seconds": seconds, "transfer_s": transfer_s})
     return out
 
 
@@ -306,11 +324,12 @@ def main(argv: list[str] | None = None) -> int:
                 "_transfer_s": transfer_s,
                 "_pairs_fraction": achieved / pairs_gbps if r["bytes_moved"] else None,
             })
+        mode_results, _ = _launch("split_modes", args.model)
         modes: dict[str, dict[str, float]] = {}
-        for i, m in enumerate(res0["split_modes"]):
+        for i, m in enumerate(mode_results[0]):
             name = "allgather" if m["allgather"] else "pairwise"
-            secs = max(res["split_modes"][i]["seconds"] for res in results)
-            xfer = max(res["split_modes"][i]["transfer_s"] for res in results)
+            secs = max(res[i]["seconds"] for res in mode_results)
+            xfer = max(res[i]["transfer_s"] for res in mode_results)
             best = modes.setdefault(name, {"seconds": secs, "transfer_s": xfer})
             best["seconds"] = min(best["seconds"], secs)
             best["transfer_s"] = min(best["transfer_s"], xfer)

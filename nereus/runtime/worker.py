@@ -157,6 +157,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     from nereus.rl.task import PatternTask
     from nereus.runtime.control_plane import Message
     from nereus.runtime.controller_rank import RankZeroController
+    from nereus.runtime.host_memory import reserve, retain_freed_memory
     from nereus.runtime.memory import account_for_run
     from nereus.runtime.plan_change import change_plan
     from nereus.runtime.rendezvous import rendezvous
@@ -236,6 +237,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
                                         solo_groups)
     ft.watch(setup, rc, cfg, ctl, recorder)
     globs, counters, start = ft.start_state(globs)
+    if setup.cluster.gpu.vendor == "cpu" and retain_freed_memory():
+        reserve(setup.cluster.gpu.memory_bytes)  # a virtual GPU: its memory mapped up front
     units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0")
     ft.resumed(plan, globs)
     account = account_for_run(rank, setup, rc.capacity_drop)
