@@ -23,6 +23,7 @@ target the compiler reports infeasible is redrawn and counted), a launch offset 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -100,7 +101,10 @@ def _draw(setup: Any, rng: random.Random, cur: Any, tgt: Any) -> tuple[Any, int]
             redrawn += 1
 
 
+@functools.lru_cache(maxsize=16)
 def _global(spec: Any, seed: int) -> dict[str, dict[str, Any]]:
+    """The logical state of a model-stage (the same arrays for every unit and trial: read
+    only)."""
     import numpy as np
 
     from nereus.emu.shards import tensor_specs

@@ -10,6 +10,7 @@ and exp_avg_sq: 3), each of ``value_bytes``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -107,7 +108,18 @@ def _aligned(h: _Holder, sources: Sequence[Emu], dst: LocalShard, dst_emu: Emu) 
 
 def plan_transfer(spec: ModelSpec, sources: Sequence[Emu], targets: Sequence[Emu], *,
                   gpus_per_node: int = 8, value_bytes: int = 4, fields: int = 3) -> TransferPlan:
-    """The moves that give every target unit its shards from the source units (replicas)."""
+    """The moves that give every target unit its shards from the source units (replicas).
+
+    A pure function of its arguments, memoized: every rank of a transition computes the same
+    plans, the per-step weight sync asks for the same one every step, and a DAG's primitives
+    are planned again by each executor that runs them."""
+    return _plan_transfer(spec, tuple(sources), tuple(targets), gpus_per_node, value_bytes,
+                          fields)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_transfer(spec: ModelSpec, sources: tuple[Emu, ...], targets: tuple[Emu, ...],
+                   gpus_per_node: int, value_bytes: int, fields: int) -> TransferPlan:
     src_gpus = [g for e in sources for g in e.gpus]
     if len(set(src_gpus)) != len(src_gpus):
         raise TransitionError(f"source units overlap on GPUs: {sorted(src_gpus)}")

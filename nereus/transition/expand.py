@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.emu.unit import Emu, Layout
-from nereus.transition.fast_local import (
+from nereus.transition.fast_blocks import (
     CONTIGUOUS,
     DESTROY,
     EDGE_CODES,

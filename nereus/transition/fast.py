@@ -28,9 +28,10 @@ from nereus.spec.plan import ExecutionPlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand, order_memory
+from nereus.transition.fast_blocks import EMPTY, LocalArrays
 from nereus.transition.fast_cost import durations
 from nereus.transition.fast_graph import longest_path
-from nereus.transition.fast_local import _EMPTY, LocalArrays, destroy_only, local_arrays
+from nereus.transition.fast_local import destroy_only, local_arrays
 from nereus.transition.fast_memory import excess, fits_beside, peak_top, stage_levels
 from nereus.transition.primitives import StateSizer, shard_bytes
 from nereus.transition.residency import ConflictSpec, Exclusion, exclusion_for
@@ -145,7 +146,7 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
 def _flat(sides: dict[str, _Side], bit: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Every GPU the units hold (unit after unit) and its model-stage's number."""
     if not sides:
-        return _EMPTY, _EMPTY
+        return EMPTY, EMPTY
     gpus = np.concatenate([sd.rows.reshape(-1) for sd in sides.values()])
     stage = np.array([bit[m] for m in sides], dtype=np.int64).repeat(
         [sd.rows.size for sd in sides.values()])

@@ -13,8 +13,7 @@ from nereus.errors import TransitionError
 from nereus.transition.compile import default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.expand import local_edge_arrays, local_records
-from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_order
-from nereus.transition.fast_local import (
+from nereus.transition.fast_blocks import (
     DESTROY,
     EDGE_CODES,
     EXTEND,
@@ -22,6 +21,7 @@ from nereus.transition.fast_local import (
     Block,
     LocalArrays,
 )
+from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_order
 from nereus.transition.fast_phases import (
     _busiest_bytes,
     gpu_phases,

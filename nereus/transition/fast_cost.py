@@ -14,7 +14,7 @@ import numpy as np
 
 from nereus.emu.unit import Emu, Layout
 from nereus.spec.hardware import ClusterSpec
-from nereus.transition.fast_local import CONTIGUOUS, DESTROY, EXTEND, INTERLEAVED, SPLIT, Block
+from nereus.transition.fast_blocks import CONTIGUOUS, DESTROY, EXTEND, INTERLEAVED, SPLIT, Block
 from nereus.transition.primitives import Merge, Split, shard_bytes
 from nereus.transition.regions import groupings_differ, sub_units
 

@@ -9,8 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from nereus.emu.unit import Layout
-from nereus.transition.fast_cost import flow_template
-from nereus.transition.fast_local import (
+from nereus.transition.fast_blocks import (
     CONTIGUOUS,
     DESTROY,
     EXTEND,
@@ -20,6 +19,7 @@ from nereus.transition.fast_local import (
     Block,
     LocalArrays,
 )
+from nereus.transition.fast_cost import flow_template
 from nereus.transition.primitives import shard_bytes
 from nereus.transition.residency import Exclusion
 

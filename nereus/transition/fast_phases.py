@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from nereus.transition.fast_cost import flow_template
-from nereus.transition.fast_local import (
+from nereus.transition.fast_blocks import (
     CONTIGUOUS,
     DESTROY,
     EXTEND,
@@ -26,6 +25,7 @@ from nereus.transition.fast_local import (
     SPLIT,
     Block,
 )
+from nereus.transition.fast_cost import flow_template
 from nereus.transition.fast_memory import _received
 from nereus.transition.primitives import shard_bytes
 

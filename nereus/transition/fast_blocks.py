@@ -1,0 +1,103 @@
+"""The batched DAG's records: primitive blocks, edge chunks and a model-stage's local DAG over
+GPU arrays (one row of GPU ids per unit), with the codes they use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from nereus.emu.unit import Layout
+from nereus.transition.regions import _sub_index_n
+
+DESTROY, SPLIT, EXTEND, MERGE = 0, 1, 2, 3  # KIND_ORDER codes: release first
+EDGE_CODES = ("data", "local", "resource", "order", "memory")
+DATA, LOCAL, RESOURCE, ORDER, MEMORY = range(5)
+INTERLEAVED, CONTIGUOUS = 0, 1
+NONE = -(1 << 40)  # "no such primitive": stays negative after adding any offset
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def none_array(n: int) -> np.ndarray:
+    """``n`` entries of :data:`NONE`."""
+    out = np.empty(n, dtype=np.int64)
+    out.fill(NONE)
+    return out
+
+
+@dataclass(frozen=True)
+class Block:
+    """``len(rows)`` primitives of one kind at local indices ``start …``.
+
+    ``rows``: Split — source units (layout ``lay``, split into ``sub``); Merge — merged units
+    (layout ``lay``, from parts of layout ``sub``); Extend — source units (``lay``), with the new
+    units in ``new``; Destroy — the destroyed units (``lay``). ``grouping`` per Split / Merge.
+    """
+
+    kind: int
+    start: int
+    rows: np.ndarray
+    lay: Layout
+    sub: Layout | None = None
+    new: np.ndarray | None = None
+    grouping: np.ndarray | None = None
+    contiguous: bool = False  # some member uses the contiguous grouping
+
+    @property
+    def count(self) -> int:
+        return int(self.rows.shape[0])
+
+
+def block(kind: int, start: int, rows: np.ndarray, lay: Layout, sub: Layout | None = None,
+          new: np.ndarray | None = None, grouping: np.ndarray | None = None,
+          contiguous: bool = False) -> Block:
+    """``Block(...)`` without the frozen ``__init__`` (one attribute store per field; the
+    planner builds a dozen per transition and this is on its clock)."""
+    b = object.__new__(Block)
+    b.__dict__.update(kind=kind, start=start, rows=rows, lay=lay, sub=sub, new=new,
+                      grouping=grouping, contiguous=contiguous)
+    return b
+
+
+@dataclass
+class Edges:
+    """Edge chunks ``(before, after, kind, section, owner, part, sub)``: the arrays of one kind
+    and what orders them as the reference appends them, the key ``(section, owner, part,
+    sub)`` (computed only when expanding). An entry whose ``before`` or ``after`` is negative
+    (:data:`NONE`) is no edge; they are dropped once, over all chunks."""
+
+    chunks: list[tuple[np.ndarray, np.ndarray, int, int, np.ndarray,
+                       np.ndarray | int, np.ndarray | int]] = field(default_factory=list)
+
+    def add(self, a: np.ndarray, b: np.ndarray, kind: int, sec: int, owner: np.ndarray,
+            part: np.ndarray | int, sub: np.ndarray | int) -> None:
+        if a.size:
+            self.chunks.append((a, b, kind, sec, owner, part, sub))
+
+
+@dataclass
+class LocalArrays:
+    """One model-stage's local DAG (local indices), as :class:`local.LocalDag` holds it: filled
+    while it is built, then held unchanged by the frozen :class:`fast_assemble.BatchedDag`."""
+
+    stage: str
+    state: str
+    blocks: list[Block]
+    n: int
+    edges: Edges
+    release: np.ndarray  # GPU → local index of the Destroy that frees it (negative: none)
+    donor: bool = False
+    staged: bool = False
+    t_sub: Layout | None = None
+    staging: tuple[int, ...] = ()
+    levels: np.ndarray | None = None  # GPU → most bytes held (co-resident memory check)
+
+
+@lru_cache(maxsize=4096)
+def sub_index(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: int) -> np.ndarray:
+    """Positions (k × |sub|) of the sub-units of a (tp, pp) unit split into (sub_tp, sub_pp)."""
+    grp = "interleaved" if grouping == INTERLEAVED else "contiguous"
+    out = np.array(_sub_index_n(tp, pp, sub_tp, sub_pp, grp), dtype=np.int64)
+    out.flags.writeable = False
+    return out

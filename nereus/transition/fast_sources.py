@@ -1,0 +1,161 @@
+"""Where a model-stage's Extends copy from: the broadcast heap of :func:`local.local_dag`
+replayed a round at a time, and the donor choice of :func:`local._pick_donor`, on GPU arrays.
+
+The heap's keys are ``(free_at, tie)`` and every item pushed while the items of round F are popped
+has a round above F, so the items of one round leave in tie order (pool items first, in pool
+order, then pushes in push order) and a round is one slice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nereus.emu.unit import Layout
+from nereus.transition.fast_blocks import EMPTY, INTERLEAVED, none_array, sub_index
+
+
+def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
+                 blocked: np.ndarray, donor: int) -> tuple[np.ndarray, np.ndarray]:
+    """The source unit of each Extend in slot order as the heap of :func:`local.local_dag`
+    pops them, and the Extend (position) that read the same unit last (:data:`NONE`: none).
+
+    Keys are ``(free_at, tie)`` and every push while round F is popped lands in a later round,
+    so round F is its items in tie order: pool items first, then pushes in push order (a
+    source, then the slot it filled). Pushes of round 0 (blocked slots) and of round 1 meet in
+    round 2; from round 3 on a round is the last round's sources and slots interleaved."""
+    n_slots = slots.size
+    out = np.empty(n_slots, dtype=np.int64)
+    prev = np.empty(n_slots, dtype=np.int64)
+    if not n_slots:
+        return out, prev
+    p0, p1 = pool[~pool_free], pool[pool_free]
+    rounds: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {
+        0: [(p0, none_array(p0.size))], 1: [(p1, none_array(p1.size))]}
+    pos = 0
+    f = 0
+    items = last = EMPTY
+    while pos < n_slots:
+        chunks = rounds.pop(f, [])
+        if len(chunks) == 1:
+            items, last = chunks[0]
+        elif chunks:
+            items = np.concatenate([c[0] for c in chunks])
+            last = np.concatenate([c[1] for c in chunks])
+        else:
+            items = last = EMPTY
+        if f >= 3 and not rounds:
+            break
+        f += 1
+        if not items.size:
+            continue
+        q = min(items.size, n_slots - pos)
+        src = items[:q]
+        out[pos:pos + q] = src
+        prev[pos:pos + q] = last[:q]
+        nxt = np.empty(2 * q, dtype=np.int64)
+        nxt[0::2] = src
+        nxt[1::2] = slots[pos:pos + q]
+        nlast = none_array(2 * q)
+        nlast[0::2] = np.arange(pos, pos + q)
+        if f == 1:  # round 0: a blocked slot starts at 1, so both land in round 2
+            late = blocked[pos:pos + q].repeat(2)
+        if donor >= 0 and f <= 2:  # the donor is read once
+            keep = nxt != donor
+            nxt, nlast = nxt[keep], nlast[keep]
+            if f == 1:
+                late = late[keep]
+        pos += q
+        if f == 1 and np.count_nonzero(late):
+            early = ~late
+            rounds.setdefault(1, []).append((nxt[early], nlast[early]))
+            rounds.setdefault(2, []).append((nxt[late], nlast[late]))
+        else:
+            rounds.setdefault(f, []).append((nxt, nlast))
+    while pos < n_slots:  # pure doubling
+        q = min(items.size, n_slots - pos)
+        out[pos:pos + q] = items[:q]
+        prev[pos:pos + q] = last[:q]
+        if pos + q >= n_slots:
+            break
+        nxt = np.empty(2 * q, dtype=np.int64)
+        nxt[0::2] = items
+        nxt[1::2] = slots[pos:pos + q]
+        nlast = none_array(2 * q)
+        nlast[0::2] = np.arange(pos, pos + q)
+        items, last = nxt, nlast
+        pos += q
+    return out, prev
+
+
+def pick_donor(
+    unit_rows: np.ndarray,
+    surplus: np.ndarray,
+    whole: np.ndarray,
+    unfilled_rows: np.ndarray,
+    blocked: np.ndarray,
+    held: np.ndarray,
+    others_need: np.ndarray,
+    rank: int,
+    ls: Layout,
+    t_sub: Layout,
+) -> tuple[int, int] | None:
+    """:func:`local._pick_donor`: ``(-1, k)`` for ``surplus[k]``, ``(w, j)`` for sub-unit j
+    (interleaved) of ``whole[w]``; None when fewer than ``rank + 1`` candidates.
+
+    Slots are pairwise disjoint, so a candidate of s GPUs misses some slot of a kind whenever
+    there are more than s of them."""
+    s = t_sub.tp * t_sub.pp
+    n_held = int(np.count_nonzero(blocked))
+    n_free = blocked.size - n_held
+    size = held.shape[0]
+
+    def misses(rows: np.ndarray, sel: np.ndarray, count: int) -> np.ndarray:
+        if count > s:
+            return np.ones(rows.shape[0], dtype=bool)
+        if not count:
+            return np.zeros(rows.shape[0], dtype=bool)
+        ids = np.full(size, -1, dtype=np.int64)
+        ids[unfilled_rows[sel]] = np.arange(count)[:, None]
+        return _distinct(ids[rows]) < count
+
+    def key(rows: np.ndarray, kind: int) -> np.ndarray:
+        """kind·4 + fit·2 + (no other target needs it); -1: not a candidate."""
+        if not rows.shape[0]:
+            return EMPTY
+        fit = np.where(misses(rows, ~blocked, n_free), 1,
+                       np.where(misses(rows, blocked, n_held), 0, -1))
+        out: np.ndarray = kind * 4 + fit * 2 + ~others_need[rows].any(1)
+        out[fit < 0] = -1
+        return out
+
+    k1 = key(unit_rows[surplus], 1)
+    if whole.shape[0]:
+        wi = sub_index(ls.tp, ls.pp, t_sub.tp, t_sub.pp, INTERLEAVED)
+        k0 = key(whole[:, wi].reshape(-1, s), 0)
+    else:
+        k0 = EMPTY
+    keys = np.concatenate([k1, k0])
+    if not keys.size:
+        return None
+    if rank == 0:  # the first of the best
+        k = int(keys.argmax())
+        if keys[k] < 0:
+            return None
+    else:
+        ok = (keys >= 0).nonzero()[0]
+        if rank >= ok.size:
+            return None
+        k = int(ok[np.argsort(-keys[ok], kind="stable")[rank]])
+    if k < k1.size:
+        return -1, k
+    per = (ls.tp // t_sub.tp) * (ls.pp // t_sub.pp)
+    return (k - k1.size) // per, (k - k1.size) % per
+
+
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """Per row: how many distinct non-negative ids it holds."""
+    srt = np.sort(ids, axis=1)
+    out = (srt[:, 0] >= 0).astype(np.int64)
+    if srt.shape[1] > 1:
+        out += ((srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] >= 0)).sum(1)
+    return out
