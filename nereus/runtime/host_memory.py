@@ -9,7 +9,7 @@ development VMs at 1–2.8 s per GB per core, more than the transfer itself
 (benchmarks/RESULTS.md, *resharding*).
 
 :func:`retain_freed_memory` makes glibc serve every allocation from its heap and never give
-freed memory back (``M_MMAP_MAX`` = 0, ``M_TRIM_THRESHOLD`` = max): a caching allocator, as on
+freed memory back (``M_MMAP_MAX`` = 0, ``M_TRIM_THRESHOLD`` = -1): a caching allocator, as on
 the GPU. :func:`reserve` then allocates, touches and frees the rank's virtual device capacity
 once at start, so later allocations up to that size find mapped pages. Both are no-ops where
 glibc's ``mallopt`` is missing. The rank's RSS stays at its high-water mark, as a GPU process's
@@ -23,15 +23,14 @@ import ctypes
 import time
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-_INT_MAX = 2**31 - 1
+NEVER = -1  # M_TRIM_THRESHOLD -1: never trim (mallopt(3)); INT_MAX would still trim above 2 GB
 
 
 def retain_freed_memory() -> bool:
     """Serve allocations from the heap and keep freed memory; True if glibc took it."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
-                                                                        _INT_MAX))
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER))
     return False
 
 
