@@ -110,6 +110,8 @@ class FailureHandler:
         self.version = 0
         self.leader = False  # rank 0 of the survivors (after a failure)
         self._armed: set[tuple[int, str]] = set()
+        self._kill_lock = threading.Lock()  # an injected death either happens or never will
+        self._disarmed = False
         self._cluster: Any = None  # ClusterEvents under Slurm (rank 0), False elsewhere
 
     # -- while the job runs ------------------------------------------------------------------
@@ -203,6 +205,10 @@ class FailureHandler:
 
         def die() -> None:
             time.sleep(delay_s)
+            self._kill_lock.acquire()  # held until the process dies: disarm() waits for it
+            if self._disarmed:
+                self._kill_lock.release()
+                return
             with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as fh:
                 fh.write(f"{self.original[rank]} {time.time():.6f}"
                          f"{' runtime' if with_runtime else ''}\n")
@@ -212,6 +218,13 @@ class FailureHandler:
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=die, daemon=True).start()
+
+    def disarm(self) -> None:
+        """The run's work is done: an injected death not yet fired never fires (one that is
+        firing ends this process before this returns), so the final agreement sees every
+        death that was stamped."""
+        with self._kill_lock:
+            self._disarmed = True
 
     # -- after a failure ---------------------------------------------------------------------
 

@@ -297,6 +297,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
             flat = {f"{ms}/{f}/{t}": a for ms, g in final.items() for f, d in g.items()
                     for t, a in d.items() if f == "param"}
             np.savez(rc.save_state, **flat)  # type: ignore[arg-type]
+    ft.disarm()
+    plane.agree(True)  # a rank lost up to here is a failure like any other (log still open)
     units.destroy()
     if plane.is_root:
         assert recorder is not None
@@ -304,7 +306,6 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         if args.summary_json:
             with open(args.summary_json, "w", encoding="utf-8") as fh:
                 json.dump(summary, fh)
-    plane.agree(True)
     dist.destroy_process_group()
     return 0
 
