@@ -13,6 +13,12 @@ Both measured in this run, on the same job (PPO, tiny Megatron-core models, 3 vi
   notices the death the same way) + relaunch until the restarted job has completed the step
   that was in flight; steps lost = kill step − checkpoint step.
 
+- **relaunch**: the same death taking Open MPI's runtime down with it (``kill: {runtime:
+  true}``: every rank ends, ULFM has nobody to recover with); ``nereus run`` relaunches itself
+  on the surviving nodes from the newest checkpoint (``runtime.failures.relaunch``). Time from
+  the kill to the end of the step in flight in the relaunched segment's log; steps lost as for
+  restart.
+
 ``--json`` prints ``{"survive_s", "restart_s", "ratio", "survive_steps_lost",
 "restart_steps_lost", ...}``. The figures are wall-clock on whatever machine runs it; start-up
 (importing torch and megatron-core in every rank) dominates the restart on CPU.
@@ -103,8 +109,29 @@ def measure(steps: int, kill_step: int, after_s: float, every: int, tmp: Path,
     log_r = tmp / "restart.h5"
     launched = _run(cfg_r, log_r, 4, timeout_s)
     restart_s = detect_s + (_step_done_at(log_r, kill_step, launched) - launched)
+    # The runtime dies too: nereus run relaunches itself on the survivors from the checkpoint.
+    cfg_l = tmp / "relaunch.yaml"
+    cfg_l.write_text(JOB + cluster + f"runtime: {{steps: {steps}, adapt: false, timeout_s: 30, "
+                     f"failures: {{checkpoint_every: {every}, checkpoint_dir: {tmp / 'ckpt-l'}, "
+                     f"relaunch: 1, kill: [{{node: 2, at_step: {kill_step}, after_s: {after_s}, "
+                     f"runtime: true}}]}}}}\n")
+    log_l = tmp / "relaunch.h5"
+    _run(cfg_l, log_l, 6, timeout_s)
+    kill_l = min(float(line.split()[1]) for line in
+                 (tmp / "relaunch.h5.kills").read_text().splitlines())
+    relaunch_s = _step_done_at(tmp / "relaunch.relaunch-1.h5", kill_step, kill_l) - kill_l
+    from nereus.log.reader import read_run_log
+
+    # where the time goes: kill -> the relaunched job's log exists (the runtime ending, the
+    # relaunch, start-up) against launch -> the restarted job's log exists (start-up alone)
+    relaunch_up_s = read_run_log(tmp / "relaunch.relaunch-1.h5").created_unix_s - kill_l
+    restart_up_s = read_run_log(log_r).created_unix_s - launched
+    kept_l = sorted(p for p in (tmp / "ckpt-l").glob("step-*.npz") if p.stat().st_mtime < kill_l)
     return {
         "survive_s": survive_s, "restart_s": restart_s, "ratio": restart_s / survive_s,
+        "relaunch_s": relaunch_s, "relaunch_ratio": relaunch_s / survive_s,
+        "relaunch_up_s": relaunch_up_s, "restart_up_s": restart_up_s,
+        "relaunch_steps_lost": kill_step - int(kept_l[-1].stem.split("-")[1]),
         "detect_s": detect_s, "recover_s": float(ev["recover_s"]),
         "survive_steps_lost": int(ev["steps_lost"]),
         "restart_steps_lost": kill_step - ckpt_step,
@@ -135,8 +162,13 @@ def main(argv: list[str] | None = None) -> int:
               f"(detect {out['detect_s']:.2f} s, rebuild {out['recover_s']:.2f} s), "
               f"steps lost {out['survive_steps_lost']} (state from {out['restored_from']})")
         print(f"  restart  {out['restart_s']:7.2f} s from checkpoint step "
-              f"{out['checkpoint_step']}, steps lost {out['restart_steps_lost']}")
-        print(f"  restart / survive = {out['ratio']:.2f}x")
+              f"{out['checkpoint_step']} (start-up {out['restart_up_s']:.2f} s), steps lost "
+              f"{out['restart_steps_lost']}")
+        print(f"  relaunch {out['relaunch_s']:7.2f} s (the runtime died too: nereus run relaunched "
+              f"itself; kill -> relaunched log {out['relaunch_up_s']:.2f} s), steps lost "
+              f"{out['relaunch_steps_lost']}")
+        print(f"  restart / survive = {out['ratio']:.2f}x, relaunch / survive = "
+              f"{out['relaunch_ratio']:.2f}x")
     return 0
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from nereus.errors import ConfigError
-from nereus.runtime.checkpoint import latest_global, save_global
 from nereus.runtime.failure import secondary
 from nereus.runtime.failure_config import FailureOptions, Kill, parse_failures
 from nereus.runtime.failure_recovery import _node_map, survivor_setup
 from nereus.runtime.failure_state import Boundary, BoundaryBook, agree_boundary, surviving_replica
+from nereus.runtime.global_checkpoint import latest_global, save_global
 from nereus.runtime.state import Counters
 from nereus.spec.plan import ExecutionPlan, StagePlan
 

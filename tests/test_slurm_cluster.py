@@ -11,12 +11,15 @@ for it to be read (otherwise the default 120 s applies).
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from slurm_cluster import LocalSlurm
 
@@ -356,11 +359,12 @@ def test_node_down_during_nereus_run_replans_on_two_nodes(slurm_cluster: LocalSl
     from nereus.log.reader import read_run_log
 
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(FAILURE_JOB + "runtime: {steps: 5}\n")
+    cfg.write_text(FAILURE_JOB + f"runtime: {{steps: 5, save_state: {tmp_path / 'run.npz'}}}\n")
     log = tmp_path / "run.h5"
     res = slurm_cluster.run(
         "sbatch", "--parsable", f"--output={tmp_path}/out.txt", "--time=00:08:00", "--nodes=3",
-        "--ntasks-per-node=2", str(REPO / "slurm" / "cpu.sbatch"), str(cfg), "--log", str(log))
+        "--ntasks-per-node=2", str(REPO / "slurm" / "cpu.sbatch"), str(cfg), "--log", str(log),
+        "--json")
     job_id = res.stdout.strip().split(";")[0]
 
     def steps_logged() -> int:
@@ -393,6 +397,20 @@ def test_node_down_during_nereus_run_replans_on_two_nodes(slurm_cluster: LocalSl
     assert after, "no replan after the pool change"  # the urgent path onto nodes n1-n2
     assert {g for sp in after[0]["stages"] for r in sp["replicas"] for g in r} <= {0, 1, 2, 3}
     assert list(run.steps["pool_gpus"])[-1] == 4
+    # Logical state preserved: the same job without Slurm and without the loss (same seed,
+    # same samples) ends with the same rewards, lengths, losses and parameters.
+    ref_cfg = tmp_path / "ref.yaml"
+    ref_cfg.write_text(FAILURE_JOB + f"runtime: {{steps: 5, save_state: {tmp_path / 'ref.npz'}}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    ref = subprocess.run([sys.executable, "-m", "nereus", "run", str(ref_cfg), "--log",
+                          str(tmp_path / "ref.h5"), "--json"], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    from test_failures import same_training
+
+    base = json.loads(ref.stdout.strip().splitlines()[-1])
+    got = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    same_training(base, got, np.load(tmp_path / "ref.npz"), np.load(tmp_path / "run.npz"))
 
 
 @pytest.mark.timeout(600)

@@ -13,12 +13,8 @@ every replica of some model-stage was lost with dead ranks.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
-from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -95,46 +91,3 @@ def load_units(path: str, units: Sequence[UnitState]) -> None:
         st.counters = Counters(*meta[:4])
         for opt_state in st.optimizer.state.values():
             opt_state["step"].fill_(float(meta[4]))
-
-
-# -- the global-state checkpoint of ``nereus run`` (failures.checkpoint_every) ------------------
-
-CKPT_PREFIX = "step-"
-
-
-def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, Any]]],
-                counters: dict[str, tuple[Counters, float]]) -> str:
-    """Write the logical state before step ``step`` (every model-stage's global arrays and
-    counters) as ``step-<k>.npz``; atomic (written aside, then renamed). Returns the path."""
-    os.makedirs(directory, exist_ok=True)
-    arrays = {f"{ms}/{f}/{t}": a for ms, g in globs.items() for f, d in g.items()
-              for t, a in d.items()}
-    meta = {"step": step, "counters": {ms: [vars(c), adam] for ms, (c, adam) in counters.items()}}
-    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path = os.path.join(directory, f"{CKPT_PREFIX}{step:08d}.npz")
-    tmp = path + ".part.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
-
-
-def latest_global(directory: str) -> tuple[str, int, dict[str, Any], dict[str, tuple[Counters,
-                                                                                       float]]] | None:
-    """(path, step, globs, counters) of the newest checkpoint in ``directory``, or None."""
-    if not directory or not os.path.isdir(directory):
-        return None
-    names = sorted(n for n in os.listdir(directory)
-                   if n.startswith(CKPT_PREFIX) and n.endswith(".npz") and ".part" not in n)
-    if not names:
-        return None
-    path = os.path.join(directory, names[-1])
-    with np.load(path) as z:
-        meta = json.loads(bytes(z["__meta__"]).decode())
-        globs: dict[str, Any] = {}
-        for key in z.files:
-            if key == "__meta__":
-                continue
-            ms, f, t = key.split("/", 2)
-            globs.setdefault(ms, {}).setdefault(f, {})[t] = z[key]
-    counters = {ms: (Counters(**c), float(adam)) for ms, (c, adam) in meta["counters"].items()}
-    return path, int(meta["step"]), globs, counters

@@ -34,7 +34,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nereus.runtime.checkpoint import latest_global, save_global
 from nereus.runtime.failure import RankFailure, shrink, ulfm_enabled
 from nereus.runtime.failure_state import (
     BoundaryBook,
@@ -42,6 +41,7 @@ from nereus.runtime.failure_state import (
     gather_survivors,
     take_boundary,
 )
+from nereus.runtime.global_checkpoint import latest_global, save_global
 from nereus.runtime.state import FIELDS, Counters
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan

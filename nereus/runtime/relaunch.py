@@ -24,7 +24,6 @@ undisturbed run ends (up to floating-point reduction order on the smaller plan).
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -123,19 +122,7 @@ def survivor_config(raw: Mapping[str, Any], survivors: Sequence[int], resume_dir
 
 
 def newest_checkpoint_step(resume_dir: str) -> int | None:
-    """The step of the newest complete checkpoint in ``resume_dir`` (None if there is none);
-    reads only its metadata."""
-    import json
+    """The step of the newest complete checkpoint in ``resume_dir`` (None if there is none)."""
+    from nereus.runtime.global_checkpoint import newest_step
 
-    import numpy as np
-
-    from nereus.runtime.checkpoint import CKPT_PREFIX
-
-    if not os.path.isdir(resume_dir):
-        return None
-    names = sorted(n for n in os.listdir(resume_dir)
-                   if n.startswith(CKPT_PREFIX) and n.endswith(".npz") and ".part" not in n)
-    if not names:
-        return None
-    with np.load(os.path.join(resume_dir, names[-1])) as z:
-        return int(json.loads(bytes(z["__meta__"]).decode())["step"])
+    return newest_step(resume_dir)
