@@ -20,7 +20,7 @@ Both measured in this run, on the same job (PPO, tiny Megatron-core models, 3 vi
   restart.
 
 ``--json`` prints ``{"survive_s", "restart_s", "ratio", "survive_steps_lost",
-"restart_steps_lost", ...}``. The figures are wall-clock on whatever machine runs it; start-up
+"restart_steps_lost", "relaunch_s", "relaunch_ratio", "relaunch_steps_lost", ...}``. The figures are wall-clock on whatever machine runs it; start-up
 (importing torch and megatron-core in every rank) dominates the restart on CPU.
 """
 
