@@ -1,37 +1,72 @@
-"""Every rank of one node killed at random moments never loses state, never hangs (ULFM).
+"""Every rank of one node killed at random moments inside a Slurm allocation never loses state,
+never hangs (ULFM).
 
-One setup (4 virtual nodes x 1 rank, tiny PPO, 2 steps, a checkpoint after every step) is run
-once without failures and then once per moment: a random node dies a random time into step 0
-or 1, or into the boundary after step 0 (``runtime.failures.kill``, SIGKILL). Each run must end
-(exit 0, within its timeout) with the reference's rewards, lengths, losses and parameters; the
-state must come from the surviving replicas exactly when one of every model-stage survived
-(else from the checkpoint). ``NEREUS_FAILURE_MOMENTS`` sets the number of moments (default 20);
-the draws are seeded. Runtime: about 10 s per moment on 2 quiet cores (start-up dominates).
+One ``sbatch`` job on the local 3-node Slurm (two ranks per node, tiny PPO, 2 steps, a
+checkpoint before the first step and after every step) runs ``nereus run`` with srun once without failures and then once
+per moment, one after the other in the same allocation: a random node's ranks all die (SIGKILL,
+``runtime.failures.kill``) a random time into step 0 or 1, or into the boundary after step 0.
+Each run must end (exit 0, within 180 s of the death) with the reference's rewards, lengths,
+losses and parameters; the state must come from the surviving replicas exactly when one of every
+model-stage survived (else from the checkpoint). ``NEREUS_FAILURE_MOMENTS`` sets the number of
+moments (default 20); the draws are seeded. Runtime: about 40 s per moment on 2 quiet cores
+(6 ranks starting up dominate; 14 min in all). With these seeds 18 deaths are survived from
+replicas and 2 come after the run ended; deaths of the last copy (resume from the checkpoint)
+are covered by tests/test_failures.py.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import time
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_failures import failure_events, run, same_training, summary
+from slurm_cluster import LocalSlurm
+from test_failures import JOB, failure_events, same_training, summary
+from test_slurm_cluster import wait_job
 
 from nereus.runtime.failure_recovery import COPIES
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
-FOUR = "cluster: {nodes: 4, gpus_per_node: 1, gpu: cpu, memory_per_gpu_gb: 0.5}\n"
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+NODES, GPN = 3, 2  # the local Slurm cluster's nodes; ranks per node (so replicas can survive)
+CLUSTER = (f"cluster: {{nodes: {NODES}, gpus_per_node: {GPN}, gpu: cpu, "
+           "memory_per_gpu_gb: 0.5}\n")
 MOMENTS = int(os.environ.get("NEREUS_FAILURE_MOMENTS", "20"))
 
 
 def _moments(n: int) -> list[tuple[int, int, str, float]]:
     rng = random.Random(7)
-    return [(rng.randrange(4), rng.randrange(2), rng.choice(("step", "step", "transition")),
+    return [(rng.randrange(NODES), rng.randrange(2), rng.choice(("step", "step", "transition")),
              round(rng.uniform(0.0, 1.5), 2)) for _ in range(n)]
+
+
+def _batch_script(tmp: Path, runs: dict[str, str]) -> Path:
+    """One job step per run, in order, in one allocation: ``nereus run`` under srun as
+    slurm/cpu.sbatch starts it; each run's exit status, output and end time kept."""
+    lines = ["#!/bin/bash", "set -u", "export OMP_NUM_THREADS=1 SLURM_NO_KILL=set"]
+    for name, runtime in runs.items():
+        cfg = tmp / f"{name}.yaml"
+        cfg.write_text(JOB + CLUSTER + f"runtime: {{steps: 2, timeout_s: 30, "
+                       f"save_state: {tmp / f'{name}.npz'}, {runtime}}}\n")
+        lines.append(f"srun --mpi=pmi2 --cpu-bind=none --kill-on-bad-exit=0 --no-kill "
+                     f"{sys.executable} -m nereus run {cfg} --log {tmp / f'{name}.h5'} --json "
+                     f"--timeout-s 300 > {tmp / f'{name}.out'} 2> {tmp / f'{name}.err'}; "
+                     f"echo $? > {tmp / f'{name}.rc'}; date +%s.%N > {tmp / f'{name}.end'}")
+    script = tmp / "moments.sbatch"
+    script.write_text("\n".join(lines) + "\n")
+    return script
+
+
+def _result(tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
+    rc = tmp / f"{name}.rc"
+    return subprocess.CompletedProcess(
+        [name], int(rc.read_text()) if rc.exists() else -1,
+        (tmp / f"{name}.out").read_text() if (tmp / f"{name}.out").exists() else "",
+        (tmp / f"{name}.err").read_text() if (tmp / f"{name}.err").exists() else "")
 
 
 def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
@@ -40,19 +75,33 @@ def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
     return all(sp["name"] in alive or COPIES.get(sp["name"]) in alive for sp in plan["stages"])
 
 
-@pytest.mark.timeout(1800)  # 21 runs of 4 ranks: ~10 min on 2 quiet cores
-def test_random_node_deaths(tmp_path: Path) -> None:
+@pytest.mark.timeout(2400)  # 21 runs of 6 ranks: ~14 min on 2 quiet cores
+def test_random_node_deaths_inside_a_slurm_allocation(slurm_cluster: LocalSlurm,
+                                                       tmp_path: Path) -> None:
     from nereus.log.reader import read_run_log
 
-    res, _ = run(tmp_path, "ref", FOUR, "adapt: false", steps=2)
-    ref, xref = summary(res), np.load(tmp_path / "ref.npz")
+    moments = _moments(MOMENTS)
+    runs = {"ref": "adapt: false"}
+    for i, (node, step, phase, after_s) in enumerate(moments):
+        runs[f"m{i}"] = (f"failures: {{checkpoint_every: 1, kill: [{{node: {node}, at_step: "
+                         f"{step}, phase: {phase}, after_s: {after_s}}}]}}")
+    script = _batch_script(tmp_path, runs)
+    res = slurm_cluster.run("sbatch", "--parsable", f"--output={tmp_path}/job.txt",
+                            "--time=00:40:00", f"--nodes={NODES}", f"--ntasks-per-node={GPN}",
+                            str(script))
+    job_id = res.stdout.strip().split(";")[0]
+    try:
+        info = wait_job(slurm_cluster, job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                        timeout_s=2300)
+    finally:
+        slurm_cluster.run("scancel", job_id, check=False)
+    assert info.state == "COMPLETED", (tmp_path / "job.txt").read_text()[-3000:]
+    ref, xref = summary(_result(tmp_path, "ref")), np.load(tmp_path / "ref.npz")
     plan = read_run_log(tmp_path / "ref.h5").initial_plan
-    for i, (node, step, phase, after_s) in enumerate(_moments(MOMENTS)):
+    for i, (node, step, phase, after_s) in enumerate(moments):
         name = f"m{i}"
-        res, _ = run(tmp_path, name, FOUR,
-                     f"failures: {{checkpoint_every: 1, kill: [{{node: {node}, at_step: "
-                     f"{step}, phase: {phase}, after_s: {after_s}}}]}}", steps=2)
-        ended_at = time.time()
+        res = _result(tmp_path, name)
+        ended_at = float((tmp_path / f"{name}.end").read_text())
         where = (name, node, step, phase, after_s, res.stderr[-2000:])
         out = summary(res)
         same_training(ref, out, xref, np.load(tmp_path / f"{name}.npz"))
@@ -63,8 +112,9 @@ def test_random_node_deaths(tmp_path: Path) -> None:
         if node == 0:  # the controller died: the rest of the run is in the successor's log
             events = [e for p in sorted(tmp_path.glob(f"{name}.after-failure-*.h5"))
                       for e in failure_events(p)]
-        assert len(events) == 1 and events[0]["lost_ranks"] == [node], where
+        dead = set(range(node * GPN, (node + 1) * GPN))
+        assert len(events) == 1 and set(events[0]["lost_ranks"]) == dead, where
         killed_at = float((tmp_path / f"{name}.h5.kills").read_text().split()[1])
         assert ended_at - killed_at < 180, where  # no hang after the death
-        survived = _replica_survives(plan, {node})
+        survived = _replica_survives(plan, dead)
         assert (events[0]["restored_from"] == "replicas") == survived, where

@@ -245,6 +245,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
     version = 0
     pending: Rollout | None = None  # async: the next step's batch, generated ahead
+    if start == 0 and ft.resume is None:  # the initial state too: a death in step 0 that takes
+        ft.boundary(units, 0, version)  # every replica of a model-stage loses no state
+        ft.checkpoint(plane, 0)
     for step in range(start, rc.steps):
         ft.boundary(units, step, version)
         plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
