@@ -3,8 +3,9 @@
 Mode "real" of benchmarks/transition_dag.py part (b). 8 MPI ranks (2 virtual nodes x 4), each
 a CPU "GPU" under gloo; every model-stage is a tiny-gpt Megatron-core GPTModel (scaled down
 from the simulated 32/48-GPU cases: same three overlap types, GPU counts scaled to 8). Per trial
-rank 0 draws random placements of the current and target plans (TP groups inside a node; a
-target the compiler reports infeasible is redrawn and counted), a launch offset per model-stage
+rank 0 draws random placements of the current and target plans (TP groups inside a node; model-
+stages on disjoint GPUs, as in the simulated mode, so a model-stage grows only onto GPUs another
+one released; a target the compiler reports infeasible is redrawn and counted), a launch offset per model-stage
 (uniform 0…LAUNCH_JITTER_S) and broadcasts the DAG; then, on fresh source units each time:
 - ours: every rank drives the shared scheduler over the DAG (nereus.runtime.dag_exec) with real
   transfers; a wave waits for the launch offsets of its model-stages. Afterwards every rank
@@ -94,9 +95,12 @@ def _draw(setup: Any, rng: random.Random, cur: Any, tgt: Any) -> tuple[Any, int]
     redrawn = 0
     while True:
         try:
+            # Disjoint placements (the default conflict relation), as in the simulated mode:
+            # a model-stage can only grow onto GPUs another one has released. With the
+            # workflow's own relation (stages of different phases may share GPUs) these
+            # 8-GPU cases need no hand-over at all.
             return compile_transition(_random_units(rng, cur), _random_units(rng, tgt), sizer,
-                                      capacity_bytes=setup.cluster.gpu.memory_bytes,
-                                      conflicts=wf.concurrent), redrawn
+                                      capacity_bytes=setup.cluster.gpu.memory_bytes), redrawn
         except (TransitionError, InfeasiblePlanError):
             redrawn += 1
 
