@@ -20,8 +20,9 @@ Both measured in this run, on the same job (PPO, tiny Megatron-core models, 3 vi
   restart.
 
 ``--json`` prints ``{"survive_s", "restart_s", "ratio", "survive_steps_lost",
-"restart_steps_lost", "relaunch_s", "relaunch_ratio", "relaunch_steps_lost", ...}``. The figures are wall-clock on whatever machine runs it; start-up
-(importing torch and megatron-core in every rank) dominates the restart on CPU.
+"restart_steps_lost", "relaunch_s", "relaunch_ratio", "relaunch_steps_lost", ...}``. The
+figures are wall-clock on whatever machine runs it; start-up (importing torch and megatron-core
+in every rank) dominates the restart on CPU.
 """
 
 from __future__ import annotations
@@ -77,18 +78,45 @@ def _failure_event(log: Path) -> dict[str, Any]:
     return found[0]
 
 
+CLUSTER = "cluster: {nodes: 3, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}\n"
+
+
+def _kill_config(path: Path, steps: int, every: int, ckpt: Path, kill_step: int, after_s: float,
+                 relaunch: bool) -> Path:
+    """The job with node 2's ranks killed ``after_s`` into ``kill_step``; with ``relaunch``
+    the kill takes the MPI runtime down too and ``nereus run`` relaunches once."""
+    runtime, again = (", runtime: true", "relaunch: 1, ") if relaunch else ("", "")
+    path.write_text(JOB + CLUSTER + f"runtime: {{steps: {steps}, adapt: false, timeout_s: 30, "
+                    f"failures: {{checkpoint_every: {every}, checkpoint_dir: {ckpt}, "
+                    f"{again}kill: [{{node: 2, at_step: {kill_step}, "
+                    f"after_s: {after_s}{runtime}}}]}}}}\n")
+    return path
+
+
+def _kill_time(log: Path) -> float:
+    """When the first dying rank stamped its death (``<log>.kills``)."""
+    return min(float(line.split()[1]) for line in Path(f"{log}.kills").read_text().splitlines())
+
+
+def _checkpoints_before(ckpt: Path, t: float) -> list[Path]:
+    """The complete checkpoints written before ``t``, oldest first."""
+    from nereus.runtime.global_checkpoint import CKPT_PREFIX
+
+    return sorted(p for p in ckpt.glob(f"{CKPT_PREFIX}*.npz")
+                  if ".part" not in p.name and p.stat().st_mtime < t)
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.stem.split("-")[1])
+
+
 def measure(steps: int, kill_step: int, after_s: float, every: int, tmp: Path,
             timeout_s: float) -> dict[str, Any]:
-    cluster = "cluster: {nodes: 3, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}\n"
     ckpt = tmp / "ckpt"
-    cfg = tmp / "survive.yaml"
-    cfg.write_text(JOB + cluster + f"runtime: {{steps: {steps}, adapt: false, timeout_s: 30, "
-                   f"failures: {{checkpoint_every: {every}, checkpoint_dir: {ckpt}, kill: "
-                   f"[{{node: 2, at_step: {kill_step}, after_s: {after_s}}}]}}}}\n")
     log = tmp / "survive.h5"
-    _run(cfg, log, 6, timeout_s)
-    kill_at = min(float(line.split()[1]) for line in
-                  (tmp / "survive.h5.kills").read_text().splitlines())
+    _run(_kill_config(tmp / "survive.yaml", steps, every, ckpt, kill_step, after_s, False), log, 6,
+         timeout_s)
+    kill_at = _kill_time(log)
     ev = _failure_event(log)
     survive_s = _step_done_at(log, kill_step, kill_at) - kill_at
     detect_s = float(ev["detect_unix_s"]) - kill_at
@@ -96,29 +124,24 @@ def measure(steps: int, kill_step: int, after_s: float, every: int, tmp: Path,
     # The restart baseline: relaunch on the survivors from the newest checkpoint before the kill.
     before = tmp / "ckpt-before-kill"
     before.mkdir()
-    kept = sorted(p for p in ckpt.glob("step-*.npz") if p.stat().st_mtime < kill_at)
+    kept = _checkpoints_before(ckpt, kill_at)
     if not kept:
         raise SystemExit("failures benchmark: no checkpoint before the kill (lower "
                          "--checkpoint-every or raise --kill-step)")
     shutil.copy(kept[-1], before / kept[-1].name)
-    ckpt_step = int(kept[-1].stem.split("-")[1])
+    ckpt_step = _step_of(kept[-1])
     cfg_r = tmp / "restart.yaml"
-    cfg_r.write_text(JOB + cluster.replace("nodes: 3", "nodes: 2")
+    cfg_r.write_text(JOB + CLUSTER.replace("nodes: 3", "nodes: 2")
                      + f"runtime: {{steps: {steps}, adapt: false, timeout_s: 30, "
                      f"failures: {{resume: {before}}}}}\n")
     log_r = tmp / "restart.h5"
     launched = _run(cfg_r, log_r, 4, timeout_s)
     restart_s = detect_s + (_step_done_at(log_r, kill_step, launched) - launched)
     # The runtime dies too: nereus run relaunches itself on the survivors from the checkpoint.
-    cfg_l = tmp / "relaunch.yaml"
-    cfg_l.write_text(JOB + cluster + f"runtime: {{steps: {steps}, adapt: false, timeout_s: 30, "
-                     f"failures: {{checkpoint_every: {every}, checkpoint_dir: {tmp / 'ckpt-l'}, "
-                     f"relaunch: 1, kill: [{{node: 2, at_step: {kill_step}, after_s: {after_s}, "
-                     f"runtime: true}}]}}}}\n")
     log_l = tmp / "relaunch.h5"
-    _run(cfg_l, log_l, 6, timeout_s)
-    kill_l = min(float(line.split()[1]) for line in
-                 (tmp / "relaunch.h5.kills").read_text().splitlines())
+    _run(_kill_config(tmp / "relaunch.yaml", steps, every, tmp / "ckpt-l", kill_step, after_s,
+                      True), log_l, 6, timeout_s)
+    kill_l = _kill_time(log_l)
     relaunch_s = _step_done_at(tmp / "relaunch.relaunch-1.h5", kill_step, kill_l) - kill_l
     from nereus.log.reader import read_run_log
 
@@ -126,12 +149,12 @@ def measure(steps: int, kill_step: int, after_s: float, every: int, tmp: Path,
     # relaunch, start-up) against launch -> the restarted job's log exists (start-up alone)
     relaunch_up_s = read_run_log(tmp / "relaunch.relaunch-1.h5").created_unix_s - kill_l
     restart_up_s = read_run_log(log_r).created_unix_s - launched
-    kept_l = sorted(p for p in (tmp / "ckpt-l").glob("step-*.npz") if p.stat().st_mtime < kill_l)
+    kept_l = _checkpoints_before(tmp / "ckpt-l", kill_l)
     return {
         "survive_s": survive_s, "restart_s": restart_s, "ratio": restart_s / survive_s,
         "relaunch_s": relaunch_s, "relaunch_ratio": relaunch_s / survive_s,
         "relaunch_up_s": relaunch_up_s, "restart_up_s": restart_up_s,
-        "relaunch_steps_lost": kill_step - int(kept_l[-1].stem.split("-")[1]),
+        "relaunch_steps_lost": kill_step - _step_of(kept_l[-1]),
         "detect_s": detect_s, "recover_s": float(ev["recover_s"]),
         "survive_steps_lost": int(ev["steps_lost"]),
         "restart_steps_lost": kill_step - ckpt_step,

@@ -243,9 +243,9 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
 
     from nereus.cluster.env import WATCH_NODES, watch_target
     from nereus.config.load import load_raw
+    from nereus.runtime.global_checkpoint import newest_step
     from nereus.runtime.relaunch import (
         checkpoint_dir,
-        newest_checkpoint_step,
         segment_log,
         surviving_nodes,
         survivor_config,
@@ -269,7 +269,7 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
     survivors, how = surviving_nodes(names, gpn, log, slurm_pool=slurm_pool,
                                      wait_s=rc.failures.relaunch_wait_s)
     ckpt = os.path.abspath(checkpoint_dir(first_log, rc.failures.checkpoint_dir))
-    step = newest_checkpoint_step(ckpt)
+    step = newest_step(ckpt)
     lost = [names[i] for i in range(n_nodes) if i not in survivors]
     why = f"the MPI runtime died (mpiexec exit {code}); nodes lost: {', '.join(lost) or 'none'}"
     if step is None:

@@ -119,10 +119,3 @@ def survivor_config(raw: Mapping[str, Any], survivors: Sequence[int], resume_dir
         runtime["late_nodes"] = sum(1 for i in survivors if i >= n - late)
     cfg["runtime"] = runtime
     return cfg
-
-
-def newest_checkpoint_step(resume_dir: str) -> int | None:
-    """The step of the newest complete checkpoint in ``resume_dir`` (None if there is none)."""
-    from nereus.runtime.global_checkpoint import newest_step
-
-    return newest_step(resume_dir)
