@@ -132,11 +132,18 @@ class LocalSlurm:
     def run(self, *argv: str, timeout_s: float = 20.0, check: bool = True
             ) -> subprocess.CompletedProcess[str]:
         # A Slurm client now and then dies of SIGPIPE when slurmctld drops its connection under
-        # load; queries are retried (a submission is not: it might have been accepted).
+        # load, or gets no answer in time while 6 MPI ranks spin on 2 cores; queries are retried
+        # (a submission is not: it might have been accepted).
         attempts = 1 if argv[0] == "sbatch" else 4
         for attempt in range(attempts):
-            res = subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
-                                 timeout=timeout_s, check=False)
+            try:
+                res = subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
+                                     timeout=timeout_s, check=False)
+            except subprocess.TimeoutExpired:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(2.0)
+                continue
             if res.returncode != -signal.SIGPIPE or attempt == attempts - 1:
                 break
             time.sleep(0.5)
