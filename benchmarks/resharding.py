@@ -5,7 +5,15 @@ over 8 CPU ranks. Per transition: bytes moved against the minimum (bytes whose o
 seconds of the live transition (building the target Megatron models included) against
 checkpoint/restart (torch DCP save in the running job + a fresh launch of 8 processes that
 import, initialise, build the target layout and load), and the achieved transfer bandwidth
-against the gloo point-to-point bandwidth measured in the same run.
+against the gloo point-to-point bandwidth (one pair; the median of measurements at the start
+and right before every row).
+
+The bandwidth counts the bytes moved over the network seconds: from posting the transfers to
+the last one completed (strided halves unpacked included). On these CPU ranks the moves inside
+a rank (Split's own half) run after that, as :func:`nereus.runtime.primitives.execute_plan` does
+on CPU; "+local" is the fraction with them included (on a GPU they run beside the transfers,
+in device memory). ``--json`` rows: transition, bytes_moved, bytes_min, seconds,
+restart_seconds, p2p_fraction, p2p_gbps, transfer_seconds, network_seconds.
 
     python3 benchmarks/resharding.py [--json] [--model medium-gpt]
 """
@@ -17,6 +25,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -27,7 +36,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORLD = 8
-DEVICE_BYTES = 1_600_000_000  # per rank: the largest row (Split) holds 1.47 GB at its peak
+# Per rank. The largest row (Split tp 2→1) holds 1.47 GB of tensors at its peak; with the
+# receive buffers of strided halves and the heap's fragmentation a rank's heap reached ~1.75 GB
+# (a 1.6 GB reserve was exceeded: RSS grew past it and the Split paid page faults, 1.25-1.40 s
+# of transfer instead of 0.90-1.05 s in a probe of that row alone). The peak RSS is reported.
+DEVICE_BYTES = 2_000_000_000
 
 
 def _free_port() -> int:
@@ -107,7 +120,7 @@ def _trim() -> None:
     gc.collect()
 
 
-def _p2p(rank: int, store: Any, n_values: int) -> float:
+def _p2p(rank: int, store: Any, n_values: int, tag: str = "") -> float:
     """Seconds of the best of 3 sends of ``n_values`` fp32 from rank 0 to rank 1 (gloo)."""
     import torch
     import torch.distributed as dist
@@ -117,7 +130,7 @@ def _p2p(rank: int, store: Any, n_values: int) -> float:
     best = float("inf")
     for i in range(3):
         if rank in (0, 1):
-            g = transition_group(store, f"p2p{i}", (0, 1), rank, 120.0)
+            g = transition_group(store, f"p2p{tag}{i}", (0, 1), rank, 120.0)
             buf = torch.full((n_values,), float(rank))
             t0 = time.perf_counter()
             if rank == 0:
@@ -152,15 +165,17 @@ def _p2p_pairs(rank: int, store: Any, n_values: int) -> float:
     return best
 
 
-def _timed(ex: Any, fn: Any) -> tuple[float, float]:
+def _timed(ex: Any, fn: Any) -> tuple[float, float, float]:
+    """Live seconds of ``fn``; its transfer seconds (local copies included) and network
+    seconds (until the last transfer completed) on this rank."""
     import torch.distributed as dist
 
     dist.barrier()
     t0 = time.perf_counter()
-    ex.last_transfer_s = 0.0
+    ex.last_transfer_s = ex.last_network_s = 0.0
     fn()
     dist.barrier()
-    return time.perf_counter() - t0, ex.last_transfer_s
+    return time.perf_counter() - t0, ex.last_transfer_s, ex.last_network_s
 
 
 def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
@@ -182,6 +197,7 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
     out: dict[str, Any] = {"p2p_s": _p2p(rank, store, 32 * 2**20),
                            "pairs_s": _p2p_pairs(rank, store, 32 * 2**20), "rows": [],
                            "reserve_s": reserve_s}
+    out["rss_start_bytes"] = _rss_bytes()
 
     def start(units: list[Any]) -> None:
         ex.units.clear()
@@ -199,9 +215,16 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
         save_units(path, list(ex.units.values()), writers[0])
         dist.barrier()
         save_s = time.perf_counter() - t0
-        seconds, transfer_s = _timed(ex, run)
+        # The checkpoint's dirty pages are written back before the live row, outside both
+        # timings: else the kernel's writeback competes with the transition for the 2 cores
+        # (the composite row, right after a 1 GB save, measured 1.38 s of transfer against
+        # 0.76-1.01 s in a probe without the save).
+        os.sync()
+        # the one-pair bandwidth right before the row (the run's figure: the median of these)
+        p2p_s = _p2p(rank, store, 32 * 2**20, f"row{len(out['rows'])}-")
+        seconds, transfer_s, network_s = _timed(ex, run)
         out["rows"].append({"transition": name, "save_s": save_s, "seconds": seconds,
-                            "transfer_s": transfer_s,
+                            "transfer_s": transfer_s, "network_s": network_s, "p2p_s": p2p_s,
                             "bytes_moved": sum(op.bytes_moved for op in ops),
                             "bytes_min": sum(op.bytes_min for op in ops),
                             "targets": sorted(ex.units), "path": path})
@@ -238,12 +261,20 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
 
     def split_then_merge() -> None:
         ex.concurrent(cs)
-        split_transfer_s = ex.last_transfer_s
+        split_s = ex.last_transfer_s, ex.last_network_s
         ex.concurrent(cmm)  # local copies only
-        ex.last_transfer_s = split_transfer_s
+        ex.last_transfer_s, ex.last_network_s = split_s
 
     row("(2,2,2)→(2,4,1)", cs + cmm, split_then_merge)
+    out["rss_peak_bytes"] = _rss_bytes()
     return out
+
+
+def _rss_bytes() -> int:
+    """This process's peak resident set so far (ru_maxrss is in KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def split_modes(rank: int, store: Any, model: str) -> list[dict[str, Any]]:
@@ -267,7 +298,7 @@ def split_modes(rank: int, store: Any, model: str) -> list[dict[str, Any]]:
         _fill(ex)
         ex.split_allgather = allgather
         sp = [split(spec, u, Layout(1, 1)) for u in src]
-        seconds, transfer_s = _timed(ex, lambda sp=sp: ex.concurrent(sp))
+        seconds, transfer_s, _ = _timed(ex, lambda sp=sp: ex.concurrent(sp))
         out.append({"allgather": allgather, "seconds": seconds, "transfer_s": transfer_s})
     return out
 
@@ -304,25 +335,36 @@ def main(argv: list[str] | None = None) -> int:
         results, job_s = _launch("bench", args.model, ckpt_root)
         res0 = results[0]
         p2p_bytes = 32 * 2**20 * 4
-        p2p_gbps = p2p_bytes / max(r["p2p_s"] for r in results[:2]) / 1e9
+        # One pair's bandwidth, best of 3 sends of 128 MiB, taken at the start and right before
+        # every row; the run's figure is their median: single measurements moved from 2.17 to
+        # 4.02 GB/s within one quiet run (RESULTS.md), a row's ratio to its own would carry that.
+        row_gbps = [p2p_bytes / max(res["rows"][i]["p2p_s"] for res in results[:2]) / 1e9
+                    for i in range(len(res0["rows"]))]
+        first_gbps = p2p_bytes / max(r["p2p_s"] for r in results[:2]) / 1e9
+        p2p_gbps = statistics.median([first_gbps, *row_gbps])
         pairs_gbps = 4 * p2p_bytes / max(r["pairs_s"] for r in results) / 1e9
         rows = []
         for i, r in enumerate(res0["rows"]):
             per_rank = [res["rows"][i] for res in results]
             seconds = max(x["seconds"] for x in per_rank)
             transfer_s = max(x["transfer_s"] for x in per_rank)
+            network_s = max(x["network_s"] for x in per_rank)
             save_s = max(x["save_s"] for x in per_rank)
             timings, launch_s = _launch("restart", args.model, r["path"], r["targets"])
             restart_s = save_s + launch_s
-            achieved = r["bytes_moved"] / transfer_s / 1e9 if r["bytes_moved"] and transfer_s else 0
+            moved = r["bytes_moved"]
+            achieved = moved / network_s / 1e9 if moved and network_s else 0.0
+            with_local = moved / transfer_s / 1e9 if moved and transfer_s else 0.0
             rows.append({
-                "transition": r["transition"], "bytes_moved": r["bytes_moved"],
+                "transition": r["transition"], "bytes_moved": moved,
                 "bytes_min": r["bytes_min"], "seconds": round(seconds, 3),
                 "restart_seconds": round(restart_s, 3),
-                "p2p_fraction": round(achieved / p2p_gbps, 3) if r["bytes_moved"] else None,
+                "p2p_fraction": round(achieved / p2p_gbps, 3) if moved else None,
+                "p2p_gbps": round(row_gbps[i], 3),
+                "transfer_seconds": round(transfer_s, 3), "network_seconds": round(network_s, 3),
                 "_save_s": save_s, "_load_s": max(t["load_s"] for t in timings),
-                "_transfer_s": transfer_s,
-                "_pairs_fraction": achieved / pairs_gbps if r["bytes_moved"] else None,
+                "_with_local": with_local / p2p_gbps if moved else None,
+                "_pairs_fraction": achieved / pairs_gbps if moved else None,
             })
         mode_results, _ = _launch("split_modes", args.model)
         modes: dict[str, dict[str, float]] = {}
@@ -341,21 +383,32 @@ def main(argv: list[str] | None = None) -> int:
                                    for r in rows],
                           "model": spec.name, "ranks": WORLD, "p2p_gbps": round(p2p_gbps, 3),
                           "p2p_4pairs_gbps": round(pairs_gbps, 3),
+                          "device_reserve_bytes": DEVICE_BYTES,
+                          "rss_peak_bytes": max(r["rss_peak_bytes"] for r in results),
                           "split_modes": {k: {n: round(v, 3) for n, v in d.items()}
                                           for k, d in modes.items()}}))
     print(f"{spec.name}: {spec.num_params() / 1e6:.1f} M params, {WORLD} gloo CPU ranks; "
-          f"gloo p2p {p2p_gbps:.2f} GB/s (one pair, 128 MiB), {pairs_gbps:.2f} GB/s aggregate "
+          f"gloo p2p {p2p_gbps:.2f} GB/s (one pair, 128 MiB, median of {len(rows) + 1} "
+          f"measurements; row p2p GB/s: the one before it), {pairs_gbps:.2f} GB/s aggregate "
           f"(4 concurrent pairs); live job {job_s:.0f} s", file=table)
-    print(f"{'transition':28} {'moved MB':>9} {'min MB':>8} {'live s':>7} {'restart s':>9} "
-          f"{'speedup':>8} {'p2p frac':>8} {'4-pair':>6}  (save s / load s / transfer s)",
+    start_rss = max(r["rss_start_bytes"] for r in results)
+    peak_rss = max(r["rss_peak_bytes"] for r in results)
+    print(f"device reserve {DEVICE_BYTES / 1e9:.1f} GB per rank: peak RSS "
+          f"{start_rss / 1e9:.2f} GB after the reserve, {peak_rss / 1e9:.2f} GB at the end "
+          f"(grew {(peak_rss - start_rss) / 1e9:.2f} GB past the reserve on some rank)",
           file=table)
+    print(f"{'transition':28} {'moved MB':>9} {'min MB':>8} {'live s':>7} {'restart s':>9} "
+          f"{'speedup':>8} {'p2p GB/s':>8} {'p2p frac':>8} {'+local':>6} {'4-pair':>6}  "
+          "(save s / load s / transfer s / network s)", file=table)
     for r in rows:
         frac = "-" if r["p2p_fraction"] is None else f"{r['p2p_fraction']:.2f}"
+        local = "-" if r["_with_local"] is None else f"{r['_with_local']:.2f}"
         frac4 = "-" if r["_pairs_fraction"] is None else f"{r['_pairs_fraction']:.2f}"
         print(f"{r['transition']:28} {r['bytes_moved'] / 1e6:9.1f} {r['bytes_min'] / 1e6:8.1f} "
               f"{r['seconds']:7.2f} {r['restart_seconds']:9.2f} "
-              f"{r['restart_seconds'] / r['seconds']:7.1f}x {frac:>8} {frac4:>6}  "
-              f"({r['_save_s']:.2f} / {r['_load_s']:.2f} / {r['_transfer_s']:.2f})", file=table)
+              f"{r['restart_seconds'] / r['seconds']:7.1f}x {r['p2p_gbps']:8.2f} {frac:>8} "
+              f"{local:>6} {frac4:>6}  ({r['_save_s']:.2f} / {r['_load_s']:.2f} / "
+              f"{r['transfer_seconds']:.2f} / {r['network_seconds']:.2f})", file=table)
     split_bytes = next(r["bytes_moved"] for r in rows if r["transition"].startswith("Split"))
     for name, d in modes.items():
         print(f"Split tp 2→1 as {name:9}: live {d['seconds']:.2f} s, transfer {d['transfer_s']:.2f} s "

@@ -45,9 +45,10 @@ def _snapshot(ex: Any) -> dict[Emu, Any]:
             for emu, st in ex.units.items()}
 
 
-# How a transfer travels: "default" (tiny-gpt's slices are small: mostly packed), "direct"
-# (every contiguous source slice its own message, non-contiguous destinations via a buffer),
-# "allgather" (direct, and Split blocks as one gloo all-gather each).
+# How a transfer travels: "default" (tiny-gpt's slices are small: mostly packed; local copies
+# after the transfers, as on CPU ranks), "direct" (every contiguous source slice its own
+# message, non-contiguous destinations via a buffer; local copies while the transfers are in
+# flight, as on a GPU), "allgather" (direct, and Split blocks as one gloo all-gather each).
 MODES = ("default", "direct", "allgather")
 
 
@@ -63,6 +64,7 @@ def _run_sequence(rank: int, world: int, store: Any, initial: Emu, ops: list[Any
     try:
         ex = Executor(SPEC, rank, store, f"run{run_id}", timeout_s=30.0)
         ex.split_allgather = mode == "allgather"
+        ex.overlap_local = mode != "default"
         ex.create(initial, counters=Counters(*COUNTERS), step=STEP)
         if initial in ex.units:
             load_global(ex.units[initial], global_state(seed))

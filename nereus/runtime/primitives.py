@@ -102,8 +102,9 @@ def _comm_error(global_rank: int, doing: str, timeout_s: float,
 
 def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitState | None],
                  targets: Sequence[UnitState | None], group: TransitionGroup | None,
-                 gathers: Sequence[tuple[tuple[int, ...], TransitionGroup | None]] = ()
-                 ) -> torch.Tensor | None:
+                 gathers: Sequence[tuple[tuple[int, ...], TransitionGroup | None]] = (),
+                 *, overlap_local: bool | None = None,
+                 on_transfers_done: Callable[[], None] | None = None) -> torch.Tensor | None:
     """Run ``plan`` on this rank: ``sources[i]`` / ``targets[j]`` are this rank's states of
     plan.sources[i] / plan.targets[j] (None where the rank holds no part).
 
@@ -111,7 +112,14 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
     travel by one all-gather in that block (:func:`block_contributions` must hold); every other
     non-local move pairwise over ``group``. Besides the shards, a target GPU holding no source
     receives the counters and Adam step (:data:`META_VALUES` int64) from its lowest-id sender;
-    returned as a tensor (else None)."""
+    returned as a tensor (else None).
+
+    The moves inside this rank (``plan.sends(r, r)``) are copied while the transfers are in
+    flight when ``overlap_local`` (default: the tensors are on a GPU, whose device memory copies
+    run beside the network), else after the last transfer: on a CPU rank both are memcpy on the
+    same cores, so overlapping gains nothing (live time equal within noise, RESULTS.md
+    *resharding*) and only hides the transfers' own time. ``on_transfers_done`` is called when
+    the last transfer (and its unpacking) has completed, before any deferred local copy."""
     src_gpus = {g for e in plan.sources for g in e.gpus}
     held = next((s for s in [*sources, *targets] if s is not None), None)
     if held is None:
@@ -199,10 +207,17 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
                                           src_view, dst_view))
     except (RuntimeError, dist.DistError) as e:
         raise _comm_error(global_rank, current, timeout_s, e) from e
-    with torch.no_grad():
-        for m in plan.sends(global_rank, global_rank):  # overlaps the transfers in flight
+    if overlap_local is None:
+        overlap_local = next(held.model.parameters()).is_cuda
+
+    def local_copies() -> None:
+        for m in plan.sends(global_rank, global_rank):
             for f in range(len(fields)):
                 dst_view(m, f).copy_(src_view(m, f))
+
+    with torch.no_grad():
+        if overlap_local:
+            local_copies()  # overlaps the transfers in flight
         for doing, peer, w, post, wait_s in works:
             try:
                 w.wait(timedelta(seconds=wait_s))
@@ -211,6 +226,10 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
                 raise _comm_error(global_rank, what, wait_s, e) from e
             if post is not None:
                 post()
+        if on_transfers_done is not None:
+            on_transfers_done()
+        if not overlap_local:
+            local_copies()
     return meta
 
 
@@ -254,9 +273,13 @@ class Executor:
         self.units: Units = {}
         self._seq = 0
         self.last_transfer_s = 0.0  # wall time of the last plan execution on this rank
+        # ... of it, until its last transfer had completed (local copies deferred on CPU ranks)
+        self.last_network_s = 0.0
         # Split blocks as one gloo all-gather each instead of pairwise sends inside the block:
         # off, gloo's all-gather measured 2-4x slower than the pairwise sends (RESULTS.md)
         self.split_allgather = False
+        # local copies beside the transfers (None: on a GPU only; see execute_plan)
+        self.overlap_local: bool | None = None
 
     def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0,
                initialize: bool = True) -> None:
@@ -317,8 +340,14 @@ class Executor:
         group = self._group(plan, gather_blocks)
         gathers = self._gathers(plan, gather_blocks)
         t0 = time.perf_counter()
+        self.last_network_s = 0.0
+
+        def transfers_done() -> None:
+            self.last_network_s = time.perf_counter() - t0
+
         meta = execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
-                            pending, group, gathers)
+                            pending, group, gathers, overlap_local=self.overlap_local,
+                            on_transfers_done=transfers_done)
         if meta is not None:
             c = Counters(*(int(v) for v in meta[:4]))
             for st in pending:
@@ -373,5 +402,6 @@ class Executor:
         group = self._group(plan)
         t0 = time.perf_counter()
         execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
-                     [self.units.get(e) for e in plan.targets], group)
+                     [self.units.get(e) for e in plan.targets], group,
+                     overlap_local=self.overlap_local)
         self.last_transfer_s = time.perf_counter() - t0
