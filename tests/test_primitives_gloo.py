@@ -46,7 +46,7 @@ def _snapshot(ex: Any) -> dict[Emu, Any]:
 
 
 # How a transfer travels: "default" (tiny-gpt's slices are small: mostly packed; local copies
-# after the transfers, as on CPU ranks), "direct" (every contiguous source slice its own
+# ordered by the device's default: after the transfers on these CPU ranks), "direct" (every contiguous source slice its own
 # message, non-contiguous destinations via a buffer; local copies while the transfers are in
 # flight, as on a GPU), "allgather" (direct, and Split blocks as one gloo all-gather each).
 MODES = ("default", "direct", "allgather")
@@ -64,7 +64,7 @@ def _run_sequence(rank: int, world: int, store: Any, initial: Emu, ops: list[Any
     try:
         ex = Executor(SPEC, rank, store, f"run{run_id}", timeout_s=30.0)
         ex.split_allgather = mode == "allgather"
-        ex.overlap_local = mode != "default"
+        ex.overlap_local = None if mode == "default" else True  # None: the device decides
         ex.create(initial, counters=Counters(*COUNTERS), step=STEP)
         if initial in ex.units:
             load_global(ex.units[initial], global_state(seed))

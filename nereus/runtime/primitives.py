@@ -339,15 +339,7 @@ class Executor:
                          and block_contributions(plan, b) is not None]
         group = self._group(plan, gather_blocks)
         gathers = self._gathers(plan, gather_blocks)
-        t0 = time.perf_counter()
-        self.last_network_s = 0.0
-
-        def transfers_done() -> None:
-            self.last_network_s = time.perf_counter() - t0
-
-        meta = execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
-                            pending, group, gathers, overlap_local=self.overlap_local,
-                            on_transfers_done=transfers_done)
+        meta = self._execute(plan, pending, group, gathers)
         if meta is not None:
             c = Counters(*(int(v) for v in meta[:4]))
             for st in pending:
@@ -355,8 +347,25 @@ class Executor:
                     st.counters = c
                     for opt_state in st.optimizer.state.values():
                         opt_state["step"].fill_(float(meta[4]))
-        self.last_transfer_s = time.perf_counter() - t0
         return pending
+
+    def _execute(self, plan: TransferPlan, targets: Sequence[UnitState | None],
+                 group: TransitionGroup | None,
+                 gathers: Sequence[tuple[tuple[int, ...], TransitionGroup | None]] = ()
+                 ) -> torch.Tensor | None:
+        """:func:`execute_plan` from this rank's units, timed (``last_transfer_s``,
+        ``last_network_s``)."""
+        t0 = time.perf_counter()
+        self.last_network_s = 0.0
+
+        def transfers_done() -> None:
+            self.last_network_s = time.perf_counter() - t0
+
+        meta = execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
+                            targets, group, gathers, overlap_local=self.overlap_local,
+                            on_transfers_done=transfers_done)
+        self.last_transfer_s = time.perf_counter() - t0
+        return meta
 
     def _install(self, plan: TransferPlan, made: list[UnitState | None],
                  drop: Sequence[Emu]) -> None:
@@ -399,9 +408,4 @@ class Executor:
         """Copy parameters from the train units into the existing gen units (fields=1)."""
         if plan.fields != 1:
             raise TransitionError("weight sync moves parameters only (fields=1)")
-        group = self._group(plan)
-        t0 = time.perf_counter()
-        execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
-                     [self.units.get(e) for e in plan.targets], group,
-                     overlap_local=self.overlap_local)
-        self.last_transfer_s = time.perf_counter() - t0
+        self._execute(plan, [self.units.get(e) for e in plan.targets], self._group(plan))
