@@ -6,10 +6,12 @@ a unit of a *conflicting* model-stage still holds (one that runs concurrently, s
 :mod:`residency`; units of other phases of the lane stay co-resident and block nothing but
 memory); release-before-acquire and gen → inf → train order the rest. Memory: each local DAG must
 fit beside the bytes its co-residents keep throughout; where the co-resident bound of
-:mod:`residency` still exceeds a GPU's capacity, "memory" edges order just the phases of
-co-resident model-stages that could meet above it (:mod:`phases`, exact over every execution);
-where that does not converge every primitive on that GPU is chained in priority order and the GPU
-is checked one primitive at a time. Reuse: per unit the sub-unit grouping (interleaved or
+:mod:`residency` still exceeds a GPU's capacity, "memory" edges run the primitives on that GPU
+in batches that fit, one after another, in level order (:mod:`memory_order`); where one
+primitive does not fit alone after the batches before it, they order just the phases of
+co-resident model-stages that could meet above it (:mod:`phases`, exact over every execution),
+and where that does not converge every primitive on that GPU is chained in priority order and the
+GPU is checked one primitive at a time. Reuse: per unit the sub-unit grouping (interleaved or
 contiguous) that lands most sub-units exactly on a target slot is chosen; units already equal to a target unit stay as they
 are. A model-stage with no sub-unit in place keeps one *donor* copy until an Extend has copied it;
 the donor is read once, later copies come from the new replicas (a broadcast tree). A circular wait
@@ -22,7 +24,6 @@ reported).
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -32,7 +33,9 @@ from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.dag import TransitionDag
+from nereus.transition.fast_graph import priority_order
 from nereus.transition.local import LocalDag, local_dag
+from nereus.transition.memory_order import levels_of, memory_batches, with_memory_edges
 from nereus.transition.phases import order_for_memory
 from nereus.transition.primitives import (
     KIND_ORDER,
@@ -298,8 +301,9 @@ def compile_transition(
                                                      if mem else ""))
     if capacity_bytes is not None and excl.pairs is not None:
         # co-resident model-stages: their chosen local DAGs' bytes together; where the bound
-        # does not fit, order just the phases that would meet above capacity (see
-        # :mod:`phases`), and where that fails run every primitive on the GPU one at a time
+        # does not fit, chain the primitives on the GPU by level (see :mod:`memory_order`); where a
+        # chain does not fit, order just the phases that would meet above capacity (see
+        # :mod:`phases`), and where that fails chain the GPU in priority order
         bad = excess_gpus({m: locs[m].levels for m in names}, excl, capacity_bytes,
                           reserved_bytes)
         if bad:
@@ -309,6 +313,11 @@ def compile_transition(
                 cap = capacity_bytes if isinstance(capacity_bytes, int) else capacity_bytes[g]
                 return cap - reserved.get(g, 0)
 
+            n = len(dag.primitives)
+            chain_key = [lv * n + i for i, lv in enumerate(levels_of(dag))]
+            chain, over = memory_batches(dag, [g for g, _ in bad], unit_bytes, limit, chain_key)
+            if over is None:
+                return with_memory_edges(dag, chain, _priority_keys(dag.primitives, rank))
             extra, failed = order_for_memory(dag, [g for g, _ in bad], limit)
             dag = replace(dag, edges=dag.edges + extra)
             if failed:
@@ -413,14 +422,11 @@ def _assemble(
     edges: list[tuple[int, int, str]] = []
     release: dict[int, list[int]] = {}  # GPU → Destroys (of any model-stage) that free it
     stage_of: list[str] = []
-    keys: list[tuple[int, int, str, int]] = []  # priority: release first, gen → inf → train
     for m in names:
         off = len(prims)
         loc = locs[m]
         prims.extend(loc.prims)
         stage_of += [m] * len(loc.prims)
-        srank = rank.get(m, default_stage_rank(m))
-        keys += [(KIND_ORDER[type(p)], srank, m, off + k) for k, p in enumerate(loc.prims)]
         edges.extend((a + off, b + off, k) for a, b, k in loc.edges)
         for g, d in loc.release.items():
             release.setdefault(g, []).append(d + off)
@@ -433,28 +439,23 @@ def _assemble(
                     edges.append((d, i, "resource"))
     edges = list(dict.fromkeys(edges))
     n = len(prims)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    indeg = [0] * n
-    for a, b, _ in edges:
-        succ[a].append(b)
-        indeg[b] += 1
-
-    heap = [keys[i] for i in range(n) if indeg[i] == 0]
-    heapq.heapify(heap)
-    order: list[int] = []
-    while heap:
-        i = heapq.heappop(heap)[3]
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, keys[j])
+    order = priority_order(n, edges, _priority_keys(prims, rank))
     t_sub = tuple((m, lay.tp, lay.pp) for m in names if (lay := locs[m].t_sub) is not None)
     dag = TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges), tuple(order),
                         t_sub, excl.pairs, sizes, rep_sizes)
     if len(order) == n:
         return dag, []
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for a, b, _ in edges:
+        succ[a].append(b)
     return dag, _cycle_names(prims, succ, set(range(n)) - set(order))
+
+
+def _priority_keys(prims: Sequence[Primitive], rank: Mapping[str, int]
+                   ) -> list[tuple[int, int, str, int]]:
+    """Per primitive its priority key: release first, then gen → inf → train, then index."""
+    return [(KIND_ORDER[type(p)], rank.get(p.model_stage, default_stage_rank(p.model_stage)),
+             p.model_stage, i) for i, p in enumerate(prims)]
 
 
 def _cycle_names(prims: list[Primitive], succ: list[list[int]], left: set[int]) -> list[str]:

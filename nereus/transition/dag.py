@@ -12,8 +12,9 @@ from nereus.transition.residency import Exclusion, exclusion_for
 # Edge kinds: "data" (a unit must exist / be read before it is consumed), "local" (a GPU of the same
 # model-stage must be released before it is acquired), "resource" (the same across model-stages,
 # the edges the global compiler adds), "order" (Extends reading one source run one after another),
-# "memory" (phases of co-resident model-stages on a GPU whose bytes together would not fit are
-# ordered, see :mod:`phases`; where that does not suffice every primitive on the GPU is chained).
+# "memory" (on a GPU where co-resident model-stages' bytes together might not fit, its primitives
+# run in batches that fit, see :mod:`memory_order`; where a primitive does not fit alone, phases
+# are ordered, see :mod:`phases`, and where that does not suffice every primitive is chained).
 EDGE_KINDS = ("data", "local", "resource", "order", "memory")
 
 

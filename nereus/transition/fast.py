@@ -27,12 +27,13 @@ from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
-from nereus.transition.fast_assemble import BatchedDag, assemble, expand, order_memory
+from nereus.transition.fast_assemble import BatchedDag, assemble, expand
 from nereus.transition.fast_blocks import EMPTY, LocalArrays
 from nereus.transition.fast_cost import durations
 from nereus.transition.fast_graph import longest_path
 from nereus.transition.fast_local import destroy_only, local_arrays
 from nereus.transition.fast_memory import excess, fits_beside, peak_top, stage_levels
+from nereus.transition.fast_memory_order import order_memory_batches
 from nereus.transition.primitives import StateSizer, shard_bytes
 from nereus.transition.residency import ConflictSpec, Exclusion, exclusion_for
 
@@ -432,8 +433,8 @@ def _plan(
         if bad.size:
             held = [(k, src[m].rows, shard_bytes(state_of[m], src[m].lay, rep_of[m]))
                     for k, m in enumerate(names)]
-            got_dag = order_memory(dag, bad.tolist(), capacity, held)
+            got_dag = order_memory_batches(dag, bad.tolist(), capacity, held)
             if got_dag is None:
-                return None  # chaining every primitive on a GPU: the reference does it
+                return None  # a chain that does not fit: the reference orders phases
             dag = got_dag
     return dag

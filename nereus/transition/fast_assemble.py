@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from nereus.emu.unit import Emu, Layout
-from nereus.errors import TransitionError
 from nereus.transition.compile import default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.expand import local_edge_arrays, local_records
@@ -22,12 +21,6 @@ from nereus.transition.fast_blocks import (
     LocalArrays,
 )
 from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_order
-from nereus.transition.fast_phases import (
-    _busiest_bytes,
-    gpu_phases,
-    order_memory_edges,
-)
-from nereus.transition.fast_phases import priority_order as _priority
 from nereus.transition.regions import new_emu
 from nereus.transition.residency import Exclusion
 
@@ -59,7 +52,6 @@ class BatchedDag:
     state_bytes: tuple[tuple[str, int], ...]
     replicated_bytes: tuple[tuple[str, int], ...]
     extra: tuple[tuple[int, int, str], ...] = ()
-    order: tuple[int, ...] | None = None  # the priority order, where planning needed it
 
     @property
     def sizes(self) -> dict[str, tuple[int, int]]:
@@ -186,7 +178,7 @@ def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ..
     edges += [(x, y, kind) for x, y in zip((keys_res % max(b.n, 1)).tolist(),
                                            (keys_res // max(b.n, 1)).tolist(), strict=True)]
     edges = list(dict.fromkeys(edges))
-    order = list(b.order) if b.order is not None else priority_order(b.n, edges, keys)
+    order = priority_order(b.n, edges + list(b.extra), keys)
     dag = TransitionDag(_emus_of(b.source), _emus_of(b.target), tuple(prims), tuple(edges),
                         tuple(order), b.t_sub, b.conflicts, b.state_bytes, b.replicated_bytes)
     return dag, []
@@ -198,33 +190,3 @@ def expand(b: BatchedDag) -> TransitionDag:
     if b.extra:
         dag = replace(dag, edges=dag.edges + b.extra)
     return dag
-
-
-def order_memory(b: BatchedDag, bad: list[int], capacity: int,
-                 held: Sequence[tuple[int, np.ndarray, int]]) -> BatchedDag | None:
-    """``b`` with the "memory" edges that order co-resident phases on the GPUs ``bad``
-    (:func:`phases.order_for_memory`, on the arrays); None where some GPU would need every
-    primitive chained (the reference compiler does that). ``held``: (model-stage number, rows,
-    bytes per position) of the source units."""
-    topo = b.topo
-    kind = np.concatenate([np.full(blk.rows.shape[0], blk.kind, dtype=np.int64)
-                           for _, blk, _, _ in b.blocks]) if b.blocks else np.zeros(0, np.int64)
-    order = _priority(b.n, topo.a, topo.b, kind)
-    weight = np.concatenate([np.full(blk.rows.shape[0], _busiest_bytes(blk, sb, rep),
-                                     dtype=np.int64) for _, blk, sb, rep in b.blocks]) \
-        if b.blocks else np.zeros(0, np.int64)
-    stage_of_block = [k for k, loc in enumerate(b.stages) for _ in loc.blocks]
-    size = b.stages[0].release.size
-    phases = gpu_phases(b.n, order, b.blocks, stage_of_block, held, bad, size)
-    added, failed = order_memory_edges(b.n, topo.a, topo.b, topo.depth, order, weight, phases,
-                                       b.names, lambda g: capacity)
-    if failed:
-        return None
-    if not added:
-        return b
-    ea = np.array([e[0] for e in added], dtype=np.int64)
-    eb = np.array([e[1] for e in added], dtype=np.int64)
-    new = levels(b.n, np.concatenate([topo.a, ea]), np.concatenate([topo.b, eb]))
-    if not new.ok:  # pragma: no cover - memory edges follow a topological order
-        raise TransitionError("memory edges made a cycle")
-    return replace(b, extra=tuple(added), topo=new, order=tuple(order))

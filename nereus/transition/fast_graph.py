@@ -14,8 +14,9 @@ import numpy as np
 class Levels:
     """Acyclicity and depth of a DAG given as edge arrays ``a → b``.
 
-    ``depth`` is the most edges on any path (``ok`` False: some node lies on or behind a cycle;
-    ``level`` then holds Kahn's levels with -1 for the nodes it could not order).
+    ``depth`` is the most edges on any path; ``level`` per node the most edges on a path ending
+    there (``ok`` False: some node lies on or behind a cycle, and ``level`` holds Kahn's levels
+    with -1 for the nodes it could not order).
     """
 
     a: np.ndarray
@@ -34,13 +35,13 @@ def levels(n: int, a: np.ndarray, b: np.ndarray) -> Levels:
     settle (a cycle, or a DAG deeper than :data:`MAX_RELAX`)."""
     lv = np.zeros(n, dtype=np.int64)
     if not a.size:
-        return Levels(a, b, 0, True)
+        return Levels(a, b, 0, True, lv)
     total = 0
     for _ in range(MAX_RELAX):
         np.maximum.at(lv, b, lv[a] + 1)
         now = int(lv.sum())
         if now == total:
-            return Levels(a, b, int(lv.max()), True)
+            return Levels(a, b, int(lv.max()), True, lv)
         total = now
     level = kahn_levels(n, a, b)
     ok = bool((level >= 0).all())

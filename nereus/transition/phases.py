@@ -190,6 +190,7 @@ def order_for_memory(
 ) -> tuple[tuple[tuple[int, int, str], ...], list[int]]:
     """"memory" edges that bring the worst case of each GPU of ``gpus`` within
     ``limit_bytes(gpu)``, and the GPUs where that failed (their caller orders every primitive).
+    The compiler's fallback where the batches of :mod:`memory_order` do not fit.
 
     Greedy: while some unordered phases exceed the limit, order the pair of them whose edge
     makes the shortest path through it, measured in the bytes the busiest GPU of each primitive
