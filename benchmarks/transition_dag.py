@@ -184,7 +184,9 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
         else None
     return {
         "placement": placement, "gpus": n, "primitives": len(dag.primitives),
-        "resource_edges": len(dag.resource_edges), "batched": planned.batched is not None,
+        "resource_edges": len(dag.resource_edges),
+        "memory_edges": sum(kind == "memory" for _, _, kind in dag.edges),
+        "batched": planned.batched is not None,
         "same_as_reference": same,
         "ours_ms": round(_median(wall), 3), "ours_cpu_ms": round(_median(cpu), 3),
         "ours_cpu_best_ms": round(min(cpu) * 1e3, 3),
@@ -296,14 +298,16 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'edges':>6} {'same':>5} {'ours ms':>8} "
+    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'res.':>5} {'mem.':>5} {'same':>5} "
+          f"{'ours ms':>8} "
           f"{'cpu ms':>7} {'best':>7} {'plan/cost':>12} {'expand':>7} {'ref cpu':>8} "
           f"{'valid ms':>9} {'exact ms':>10} {'opt':>4} {'L_tran s':>9} {'ours s':>8} "
           f"{'exact s':>8} {'gap %':>6}")
     for r in planning:
         split = f"{r['plan_ms']}/{r['cost_ms']}"
-        print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>6} "
-              f"{r['same_as_reference']!s:>5} {r['ours_ms']:>8} {r['ours_cpu_ms']:>7} "
+        print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>5} "
+              f"{r['memory_edges']:>5} {r['same_as_reference']!s:>5} {r['ours_ms']:>8} "
+              f"{r['ours_cpu_ms']:>7} "
               f"{r['ours_cpu_best_ms']:>7} {split:>12} {r['expand_ms']:>7} "
               f"{r['reference_cpu_ms']:>8} {r['validate_ms']:>9} "
               f"{r['exact_ms']:>10} {r['exact_optimal']!s:>4} {r['cost_s']:>9} "

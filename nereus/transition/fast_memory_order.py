@@ -31,37 +31,40 @@ from nereus.transition.fast_memory import _received
 from nereus.transition.primitives import shard_bytes
 
 
-def _incidences(blocks: Sequence[tuple[int, Block, int, int]], stage_of_block: Sequence[int],
-                bad: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per (primitive, GPU of ``bad`` it keeps busy): primitive, GPU, model-stage number, and
-    the bytes its inputs hold there, its peak there and the change it leaves there."""
-    parts: list[tuple[np.ndarray, ...]] = []
+def _incidences(blocks: Sequence[tuple[int, Block, int, int]], bad: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per (primitive, GPU of ``bad`` it keeps busy): the primitive, the GPU, the most bytes it
+    may add there while it runs or once it is done (its peak over its inputs, or the change it
+    leaves, at least 0) and the change it leaves there."""
+    prims: list[np.ndarray] = []
+    gpus: list[np.ndarray] = []
+    ups: list[np.ndarray] = []
+    lefts: list[np.ndarray] = []
 
-    def add(i: np.ndarray, rows: np.ndarray, k: int, inputs: int | np.ndarray,
-            peak: int | np.ndarray, delta: int | np.ndarray) -> None:
+    def add(first: int, rows: np.ndarray, up: int | np.ndarray, left: int) -> None:
         sel = bad[rows]
-        if not np.count_nonzero(sel):
+        r = sel.nonzero()[0]
+        if not r.size:
             return
-        shape = rows.shape
-        parts.append((np.broadcast_to(i[:, None], shape)[sel], rows[sel],
-                      np.full(int(np.count_nonzero(sel)), k, dtype=np.int64),
-                      np.broadcast_to(inputs, shape)[sel], np.broadcast_to(peak, shape)[sel],
-                      np.broadcast_to(delta, shape)[sel]))
+        prims.append(r + first)
+        gpus.append(rows[sel])
+        ups.append(np.full(r.size, up, dtype=np.int64) if isinstance(up, int) else up[sel])
+        lefts.append(np.full(r.size, left, dtype=np.int64))
 
-    for (off, blk, sb, rep), k in zip(blocks, stage_of_block, strict=True):
-        i = off + blk.start + np.arange(blk.rows.shape[0])
+    for off, blk, sb, rep in blocks:
+        first = off + blk.start
         own = shard_bytes(sb, blk.lay, rep)
-        if blk.kind == DESTROY:
-            add(i, blk.rows, k, own, own, -own)
+        if blk.kind == DESTROY:  # inputs own, peak own, leaves -own
+            add(first, blk.rows, 0, -own)
         elif blk.kind == EXTEND:
             assert blk.new is not None
-            add(i, blk.rows, k, own, 2 * own, 0)
-            add(i, blk.new, k, 0, own, own)
-        elif blk.kind == SPLIT:
+            add(first, blk.rows, own, 0)  # the sender: inputs own, peak 2 own, leaves 0
+            add(first, blk.new, own, own)  # the receiver: inputs 0, peak own, leaves own
+        elif blk.kind == SPLIT:  # inputs own, peak own + part, leaves part - own
             assert blk.sub is not None
             part = shard_bytes(sb, blk.sub, rep)
-            add(i, blk.rows, k, own, own + part, part - own)
-        else:
+            add(first, blk.rows, part, part - own)
+        else:  # inputs part, peak part + received, leaves own - part
             assert blk.sub is not None and blk.grouping is not None
             assert blk.kind == MERGE
             part = shard_bytes(sb, blk.sub, rep)
@@ -71,64 +74,57 @@ def _incidences(blocks: Sequence[tuple[int, Block, int, int]], stage_of_block: S
                 if np.count_nonzero(sel):
                     recv[sel] = _received(blk.lay.tp, blk.lay.pp, blk.sub.tp, blk.sub.pp, g,
                                           sb, rep)
-            add(i, blk.rows, k, part, part + recv, own - part)
-    if not parts:
+            add(first, blk.rows, np.maximum(recv, max(own - part, 0)), own - part)
+    if not prims:
         z = np.zeros(0, dtype=np.int64)
-        return z, z, z, z, z, z
-    return tuple(np.concatenate([p[c] for p in parts]) for c in range(6))
+        return z, z, z, z
+    return np.concatenate(prims), np.concatenate(gpus), np.concatenate(ups), \
+        np.concatenate(lefts)
 
 
 def order_memory_batches(b: BatchedDag, bad: Sequence[int], capacity: int,
-                 held: Sequence[tuple[int, np.ndarray, int]]) -> BatchedDag | None:
-    """``b`` with the "memory" edges of :func:`memory_order.memory_batches` on the GPUs ``bad`` (their
-    primitives in batches, by level); None where one primitive alone does not fit after the
-    batches before it (the reference compiler then orders phases instead). ``held``:
+                         held: Sequence[tuple[int, np.ndarray, int]]) -> BatchedDag | None:
+    """``b`` with the "memory" edges of :func:`memory_order.memory_batches` on the GPUs ``bad``
+    (their primitives in batches, by level); None where one primitive alone does not fit after
+    the batches before it (the reference compiler then orders phases instead). ``held``:
     (model-stage number, rows, bytes per position) of the source units."""
     topo = b.topo
     assert topo.level is not None
     size = b.stages[0].release.size
     mask = np.zeros(size, dtype=bool)
     mask[np.asarray(bad, dtype=np.int64)] = True
-    stage_of_block = [k for k, loc in enumerate(b.stages) for _ in loc.blocks]
-    prim, gpu, _, inputs, peak, left = _incidences(b.blocks, stage_of_block, mask)
+    prim, gpu, up, left = _incidences(b.blocks, mask)
+    if not prim.size:
+        return b  # nothing runs there: nothing to order
     start = np.zeros(size, dtype=np.int64)
-    for _, rows, nbytes in held:
-        np.add.at(start, rows[mask[rows]], nbytes)
+    for _, rows, nbytes in held:  # a model-stage's units hold distinct GPUs
+        start[rows[mask[rows]]] += nbytes
     perm = np.lexsort((prim, topo.level[prim], gpu))
-    prim, gpu, left = prim[perm], gpu[perm], left[perm]
-    up = np.maximum(np.maximum(peak[perm] - inputs[perm], left), 0)
+    prim, gpu, up, left = prim[perm], gpu[perm], up[perm], left[perm]
     n_rows = prim.size
     first = np.ones(n_rows, dtype=bool)
     first[1:] = gpu[1:] != gpu[:-1]
     heads = np.flatnonzero(first)
-    length = np.diff(np.append(heads, n_rows))
-    # the greedy batches of every chained GPU at once, one position of the chains at a time
+    # the greedy batches of every chained GPU at once, one batch at a time: a batch is the
+    # longest run from its first row whose added bytes fit (``up`` >= 0, so its running sum
+    # over all rows is sorted and one search finds every GPU's batch end)
+    ends = np.append(heads[1:], n_rows)
+    added = np.cumsum(up)
+    leaves = np.cumsum(left)
+    new_batch = first.copy()
     now = start[gpu[heads]]
-    grow = np.zeros(heads.size, dtype=np.int64)
-    change = np.zeros(heads.size, dtype=np.int64)
-    batch = np.zeros(heads.size, dtype=np.int64)
-    bid = np.empty(n_rows, dtype=np.int64)
-    seg = np.arange(heads.size)
-    for j in range(int(length.max(initial=0))):
-        if j:
-            seg = seg[length[seg] > j]
-        r = heads[seg] + j
-        u = up[r]
-        if j:
-            close = seg[now[seg] + grow[seg] + u > capacity]
-            now[close] += change[close]
-            grow[close] = 0
-            change[close] = 0
-            batch[close] += 1
-        if np.count_nonzero(now[seg] + u > capacity):
-            return None
-        grow[seg] += u
-        change[seg] += left[r]
-        bid[r] = batch[seg]
+    at, end = heads, ends
+    while at.size:
+        stop = np.searchsorted(added, capacity - now + added[at] - up[at], side="right")
+        np.minimum(stop, end, out=stop)
+        if np.count_nonzero(stop <= at):
+            return None  # one primitive alone does not fit after the batches before it
+        now += leaves[stop - 1] - leaves[at] + left[at]
+        more = stop < end
+        at, end, now = stop[more], end[more], now[more]
+        new_batch[at] = True
     # batches numbered across GPUs; each waiting row follows every row from the last batch
     # before its own that holds a waiting row (or from its GPU's first batch) to its own
-    new_batch = first.copy()
-    new_batch[1:] |= bid[1:] != bid[:-1]
     gb = np.cumsum(new_batch) - 1
     starts = np.flatnonzero(new_batch)
     waits = up > 0
@@ -147,7 +143,12 @@ def order_memory_batches(b: BatchedDag, bad: Sequence[int], capacity: int,
     offs = np.cumsum(count) - count
     x = x_lo.repeat(count) + np.arange(int(count.sum())) - offs.repeat(count)
     n = b.n
-    key = np.unique(prim[x] * n + prim[y])
+    key = np.sort(prim[x] * n + prim[y])
+    if key.size:
+        keep = np.empty(key.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(key[1:], key[:-1], out=keep[1:])
+        key = key[keep]
     ea, eb = key // n, key % n
     new = levels(n, np.concatenate([topo.a, ea]), np.concatenate([topo.b, eb]))
     if not new.ok:  # pragma: no cover - the batches follow one topological order
