@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
-from itertools import chain, groupby
+from functools import cached_property, lru_cache
+from itertools import chain, groupby, starmap
 from operator import attrgetter
+from struct import Struct
+from struct import error as StructError
 
 import numpy as np
 
@@ -115,6 +117,32 @@ def _sides(units: Sequence[Emu]) -> dict[str, _Side] | None:
     return out
 
 
+_layout = lru_cache(maxsize=256)(Layout)  # one frozen record per (tp, pp)
+
+
+@lru_cache(maxsize=64)
+def _packer(size: int) -> Struct:
+    """Packs ``size`` GPU ids as native int64s (``struct.error`` for any other count, or for
+    ids that are not integers of 64 bits)."""
+    return Struct(f"={size}q")
+
+
+def _rows(reps: Sequence[Sequence[int]], size: int) -> np.ndarray | None:
+    """The replicas as a (replicas × ``size``) int64 matrix; None when one has another length
+    or holds something other than a 64-bit integer. (C-level passes: ``np.fromiter`` over the
+    chained tuples and a per-replica length check cost about twice as much.)"""
+    try:
+        if size == 1:  # unpacking checks each length
+            flat = [g for (g,) in reps]
+            buf = bytearray(8 * len(flat))
+            _packer(len(flat)).pack_into(buf, 0, *flat)
+        else:
+            buf = bytearray().join(starmap(_packer(size).pack, reps))
+    except (StructError, TypeError, ValueError):
+        return None
+    return np.frombuffer(buf, np.int64).reshape(len(reps), size)
+
+
 def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
                 alive: np.ndarray | None) -> dict[str, _Side] | None:
     """:func:`_sides` of ``emus_of_plan(plan, states)`` (units on GPUs outside ``alive`` left
@@ -127,10 +155,9 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
             return None
         if not reps:
             continue
-        if set(map(len, reps)) != {size}:
+        rows = _rows(reps, size)
+        if rows is None:
             return None
-        rows = np.fromiter(chain.from_iterable(reps), dtype=np.int64,
-                           count=len(reps) * size).reshape(len(reps), size)
         if alive is not None:
             if rows.min() < 0:
                 return None
@@ -139,7 +166,7 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
             rows = rows[inside.all(1)]
             if not rows.shape[0]:
                 continue
-        out[sp.name] = _Side(Layout(sp.tp, sp.pp), rows, states[sp.name])
+        out[sp.name] = _Side(_layout(sp.tp, sp.pp), rows, states[sp.name])
     return out
 
 
