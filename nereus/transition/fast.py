@@ -170,11 +170,15 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
     return out
 
 
-def _flat(sides: dict[str, _Side], bit: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Every GPU the units hold (unit after unit) and its model-stage's number."""
+def _flat(sides: dict[str, _Side], bit: Mapping[str, int] | None
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Every GPU the units hold (unit after unit) and its model-stage's number (``bit`` None:
+    not wanted, :data:`EMPTY`)."""
     if not sides:
         return EMPTY, EMPTY
     gpus = np.concatenate([sd.rows.reshape(-1) for sd in sides.values()])
+    if bit is None:
+        return gpus, EMPTY
     stage = np.array([bit[m] for m in sides], dtype=np.int64).repeat(
         [sd.rows.size for sd in sides.values()])
     return gpus, stage
@@ -196,7 +200,7 @@ def _independent(excl: Exclusion, masks: np.ndarray) -> bool:
     """Every bitset in ``masks`` is a set of pairwise non-exclusive model-stages (``masks``
     from :func:`_owners`: with ``excl.pairs`` None, holder counts)."""
     if excl.pairs is None:
-        return int(masks.max(initial=0)) <= 1
+        return int(np.maximum.reduce(masks, initial=0)) <= 1
     for a, b in excl.pairs:
         both = (1 << excl.index[a]) | (1 << excl.index[b])
         if np.count_nonzero((masks & both) == both):
@@ -297,13 +301,13 @@ def _plan(
     if any(m not in src or src[m].state != t.state for m, t in tgt.items()):
         return None  # the reference reports it
     bit = excl.index
-    sg, ss = _flat(src, bit)
-    tg, ts = _flat(tgt, bit)
-    both = np.concatenate([sg, tg, np.array(spare_gpus, dtype=np.int64)])
-    if not both.size or int(both.min()) < 0:
-        return None  # GPU ids index arrays here (the reference takes negative ones)
-    size = int(both.max()) + 1
     every = excl.pairs is None
+    sg, ss = _flat(src, None if every else bit)  # all exclusive: holder counts, no numbers
+    tg, ts = _flat(tgt, None if every else bit)
+    both = np.concatenate([sg, tg, np.array(spare_gpus, dtype=np.int64)])
+    if not both.size or int(np.minimum.reduce(both)) < 0:
+        return None  # GPU ids index arrays here (the reference takes negative ones)
+    size = int(np.maximum.reduce(both)) + 1
     src_own, tgt_own = _owners(sg, ss, size, every), _owners(tg, ts, size, every)
     if src_own is None or tgt_own is None or not _independent(excl, src_own) \
             or not _independent(excl, tgt_own):
