@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
-from itertools import chain, groupby
+from functools import cached_property, lru_cache
+from itertools import chain, groupby, starmap
 from operator import attrgetter
+from struct import Struct
+from struct import error as StructError
 
 import numpy as np
 
@@ -116,6 +118,32 @@ def _sides(units: Sequence[Emu]) -> dict[str, _Side] | None:
     return out
 
 
+_layout = lru_cache(maxsize=256)(Layout)  # one frozen record per (tp, pp)
+
+
+@lru_cache(maxsize=64)
+def _packer(size: int) -> Struct:
+    """Packs ``size`` GPU ids as native int64s (``struct.error`` for any other count, or for
+    ids that are not integers of 64 bits)."""
+    return Struct(f"={size}q")
+
+
+def _rows(reps: Sequence[Sequence[int]], size: int) -> np.ndarray | None:
+    """The replicas as a (replicas × ``size``) int64 matrix; None when one has another length
+    or holds something other than a 64-bit integer. (C-level passes: ``np.fromiter`` over the
+    chained tuples and a per-replica length check cost about twice as much.)"""
+    try:
+        if size == 1:  # unpacking checks each length
+            flat = [g for (g,) in reps]
+            buf = bytearray(8 * len(flat))
+            _packer(len(flat)).pack_into(buf, 0, *flat)
+        else:
+            buf = bytearray().join(starmap(_packer(size).pack, reps))
+    except (StructError, TypeError, ValueError):
+        return None
+    return np.frombuffer(buf, np.int64).reshape(len(reps), size)
+
+
 def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
                 alive: np.ndarray | None) -> dict[str, _Side] | None:
     """:func:`_sides` of ``emus_of_plan(plan, states)`` (units on GPUs outside ``alive`` left
@@ -128,10 +156,9 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
             return None
         if not reps:
             continue
-        if set(map(len, reps)) != {size}:
+        rows = _rows(reps, size)
+        if rows is None:
             return None
-        rows = np.fromiter(chain.from_iterable(reps), dtype=np.int64,
-                           count=len(reps) * size).reshape(len(reps), size)
         if alive is not None:
             if rows.min() < 0:
                 return None
@@ -140,15 +167,19 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
             rows = rows[inside.all(1)]
             if not rows.shape[0]:
                 continue
-        out[sp.name] = _Side(Layout(sp.tp, sp.pp), rows, states[sp.name])
+        out[sp.name] = _Side(_layout(sp.tp, sp.pp), rows, states[sp.name])
     return out
 
 
-def _flat(sides: dict[str, _Side], bit: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Every GPU the units hold (unit after unit) and its model-stage's number."""
+def _flat(sides: dict[str, _Side], bit: Mapping[str, int] | None
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Every GPU the units hold (unit after unit) and its model-stage's number (``bit`` None:
+    not wanted, :data:`EMPTY`)."""
     if not sides:
         return EMPTY, EMPTY
     gpus = np.concatenate([sd.rows.reshape(-1) for sd in sides.values()])
+    if bit is None:
+        return gpus, EMPTY
     stage = np.array([bit[m] for m in sides], dtype=np.int64).repeat(
         [sd.rows.size for sd in sides.values()])
     return gpus, stage
@@ -170,7 +201,7 @@ def _independent(excl: Exclusion, masks: np.ndarray) -> bool:
     """Every bitset in ``masks`` is a set of pairwise non-exclusive model-stages (``masks``
     from :func:`_owners`: with ``excl.pairs`` None, holder counts)."""
     if excl.pairs is None:
-        return int(masks.max(initial=0)) <= 1
+        return int(np.maximum.reduce(masks, initial=0)) <= 1
     for a, b in excl.pairs:
         both = (1 << excl.index[a]) | (1 << excl.index[b])
         if np.count_nonzero((masks & both) == both):
@@ -271,13 +302,13 @@ def _plan(
     if any(m not in src or src[m].state != t.state for m, t in tgt.items()):
         return None  # the reference reports it
     bit = excl.index
-    sg, ss = _flat(src, bit)
-    tg, ts = _flat(tgt, bit)
-    both = np.concatenate([sg, tg, np.array(spare_gpus, dtype=np.int64)])
-    if not both.size or int(both.min()) < 0:
-        return None  # GPU ids index arrays here (the reference takes negative ones)
-    size = int(both.max()) + 1
     every = excl.pairs is None
+    sg, ss = _flat(src, None if every else bit)  # all exclusive: holder counts, no numbers
+    tg, ts = _flat(tgt, None if every else bit)
+    both = np.concatenate([sg, tg, np.array(spare_gpus, dtype=np.int64)])
+    if not both.size or int(np.minimum.reduce(both)) < 0:
+        return None  # GPU ids index arrays here (the reference takes negative ones)
+    size = int(np.maximum.reduce(both)) + 1
     src_own, tgt_own = _owners(sg, ss, size, every), _owners(tg, ts, size, every)
     if src_own is None or tgt_own is None or not _independent(excl, src_own) \
             or not _independent(excl, tgt_own):

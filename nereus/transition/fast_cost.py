@@ -69,27 +69,27 @@ def _one_node_s(kind: int, tp: int, pp: int, sub_tp: int, sub_pp: int, grouping:
 
 
 def block_durations(blk: Block, state_bytes: int, rep: int, gpn: int, intra: float,
-                    inter: float, setup_s: float) -> np.ndarray:
-    """Seconds per primitive of ``blk`` (``cost._duration_s``)."""
-    k = blk.rows.shape[0]
+                    inter: float, setup_s: float, out: np.ndarray) -> None:
+    """Seconds per primitive of ``blk`` (``cost._duration_s``), written into ``out``."""
     lay = blk.lay
     nodes = blk.rows // gpn
     if blk.kind == EXTEND:
         assert blk.new is not None
         sb = shard_bytes(state_bytes, lay, rep)
-        same = nodes == blk.new // gpn
-        if same.all():
-            return np.full(k, setup_s + sb / intra)
-        return setup_s + sb / np.where(same.all(1), intra, inter)
+        apart = nodes != blk.new // gpn
+        if not np.count_nonzero(apart):
+            out.fill(setup_s + sb / intra)
+        else:
+            out[:] = setup_s + sb / np.where(apart.any(1), inter, intra)
+        return
     sub = blk.sub
     assert sub is not None and blk.grouping is not None
-    one_all = bool((nodes == nodes[:, :1]).all())
+    one_all = not np.count_nonzero(nodes != nodes[:, :1])
     one = None if one_all else (nodes == nodes[:, :1]).all(1)
-    out = np.empty(k)
     for g in (INTERLEAVED, CONTIGUOUS) if blk.contiguous else (INTERLEAVED,):
         sel = None if not blk.contiguous else blk.grouping == g
         here = sel if one_all else one if sel is None else sel & one
-        if here is None or here.any():
+        if here is None or np.count_nonzero(here):
             if blk.kind == SPLIT and not rep and (g == INTERLEAVED or not groupings_differ(lay, sub)):
                 # position-wise all-gather inside a node: (k - 1) shards in and out per GPU
                 parts = lay.size // sub.size
@@ -105,10 +105,9 @@ def block_durations(blk: Block, state_bytes: int, rep: int, gpn: int, intra: flo
             continue
         assert one is not None
         spread = ~one if sel is None else sel & ~one
-        if spread.any():
+        if np.count_nonzero(spread):
             tpl = flow_template(blk.kind, lay.tp, lay.pp, sub.tp, sub.pp, g, state_bytes, rep)
             out[spread] = setup_s + _busiest(blk.rows[spread], tpl, nodes[spread], intra, inter)
-    return out
 
 
 def durations(blocks: Sequence[tuple[int, Block, int, int]], n: int, cluster: ClusterSpec
@@ -116,10 +115,11 @@ def durations(blocks: Sequence[tuple[int, Block, int, int]], n: int, cluster: Cl
     """Seconds per primitive; ``blocks`` holds (offset, block, state bytes, replicated bytes)."""
     gpu = cluster.gpu
     gpn, intra, inter = cluster.gpus_per_node, gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
+    setup_s = gpu.comm_setup_s
     out = np.zeros(n)
     for off, blk, sb, rep in blocks:
         if blk.kind != DESTROY:
             lo = off + blk.start
-            out[lo:lo + blk.rows.shape[0]] = block_durations(blk, sb, rep, gpn, intra, inter,
-                                                             gpu.comm_setup_s)
+            block_durations(blk, sb, rep, gpn, intra, inter, setup_s,
+                            out[lo:lo + blk.rows.shape[0]])
     return out

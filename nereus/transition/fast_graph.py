@@ -15,8 +15,8 @@ class Levels:
     """Acyclicity and depth of a DAG given as edge arrays ``a → b``.
 
     ``depth`` is the most edges on any path; ``level`` per node the most edges on a path ending
-    there (``ok`` False: some node lies on or behind a cycle, and ``level`` holds Kahn's levels
-    with -1 for the nodes it could not order).
+    there. ``ok`` False: some node lies on or behind a cycle; ``level`` then holds Kahn's levels
+    with -1 for the nodes it could not order.
     """
 
     a: np.ndarray
@@ -31,17 +31,25 @@ MAX_RELAX = 64  # deeper DAGs (or cycles) go to Kahn's algorithm
 
 def levels(n: int, a: np.ndarray, b: np.ndarray) -> Levels:
     """Longest path (in edges) ending at each node by relaxing every edge at once until
-    nothing changes — depth + 2 rounds on a DAG — and Kahn's algorithm where that does not
-    settle (a cycle, or a DAG deeper than :data:`MAX_RELAX`)."""
+    nothing changes — depth + 1 rounds on a DAG, the edges out of nodes without predecessors
+    only in the first — and Kahn's algorithm where that does not settle (a cycle, or a DAG
+    deeper than :data:`MAX_RELAX`)."""
     lv = np.zeros(n, dtype=np.int64)
     if not a.size:
         return Levels(a, b, 0, True, lv)
-    total = 0
+    # edges out of nodes without predecessors give their heads level 1 once and for all
+    root = np.bincount(b, minlength=n)[a] == 0
+    lv[b[root]] = 1
+    keep = ~root
+    ra, rb = a[keep], b[keep]
+    total = int(np.add.reduce(lv))
     for _ in range(MAX_RELAX):
-        np.maximum.at(lv, b, lv[a] + 1)
-        now = int(lv.sum())
+        x = lv[ra]
+        x += 1
+        np.maximum.at(lv, rb, x)
+        now = int(np.add.reduce(lv))
         if now == total:
-            return Levels(a, b, int(lv.max()), True, lv)
+            return Levels(a, b, int(np.maximum.reduce(lv)), True, lv)
         total = now
     level = kahn_levels(n, a, b)
     ok = bool((level >= 0).all())
@@ -67,15 +75,23 @@ def kahn_levels(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def longest_path(lv: Levels, durations: np.ndarray) -> float:
-    """Largest finish time, every node starting when its predecessors have finished: ``depth``
-    rounds of finish = duration + the latest predecessor's finish."""
+    """Largest finish time, every node starting when its predecessors have finished: finish =
+    duration + the latest predecessor's finish, a level at a time (the edges into the nodes of
+    one level read finished predecessors only, so each edge is relaxed once)."""
     if not durations.size:
         return 0.0
     finish = durations.copy()
-    start = np.empty(durations.size)
-    for _ in range(lv.depth):
-        start.fill(0.0)
-        np.maximum.at(start, lv.b, finish[lv.a])
+    if not lv.depth:
+        return float(finish.max())
+    assert lv.level is not None
+    head = lv.level[lv.b]
+    by = np.argsort(head, kind="stable")
+    ea, eb = lv.a[by], lv.b[by]
+    ends = np.bincount(head, minlength=lv.depth + 1).cumsum().tolist()
+    start = np.zeros(durations.size)
+    for d in range(1, lv.depth + 1):
+        lo, hi = ends[d - 1], ends[d]
+        np.maximum.at(start, eb[lo:hi], finish[ea[lo:hi]])
         np.add(start, durations, out=finish)
     return float(finish.max())
 

@@ -50,6 +50,9 @@ def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if not rows.shape[0]:
         return np.zeros(q.shape[:-1], dtype=bool)
     ids = tab[q[..., 0]]
+    if rows.shape[1] == 1:  # a one-GPU row equals the row starting at its GPU
+        out: np.ndarray = ids >= 0
+        return out
     hit: np.ndarray = np.logical_and.reduce(rows[ids] == q, axis=-1)
     hit &= ids >= 0
     return hit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.emu.unit import Layout
-from nereus.transition.fast_blocks import EMPTY, INTERLEAVED, none_array, sub_index
+from nereus.transition.fast_blocks import EMPTY, INTERLEAVED, NONE, none_array, sub_index
 
 
 def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
@@ -71,19 +71,22 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
             rounds.setdefault(2, []).append((nxt[late], nlast[late]))
         else:
             rounds.setdefault(f, []).append((nxt, nlast))
-    while pos < n_slots:  # pure doubling
-        q = min(items.size, n_slots - pos)
-        out[pos:pos + q] = items[:q]
-        prev[pos:pos + q] = last[:q]
-        if pos + q >= n_slots:
-            break
-        nxt = np.empty(2 * q, dtype=np.int64)
-        nxt[0::2] = items
-        nxt[1::2] = slots[pos:pos + q]
-        nlast = none_array(2 * q)
-        nlast[0::2] = np.arange(pos, pos + q)
-        items, last = nxt, nlast
-        pos += q
+    if pos >= n_slots:
+        return out, prev
+    # pure doubling: the next round is this round's sources and slots interleaved, written
+    # straight after it (its even places read this round's Extends, its odd places nothing)
+    q = min(items.size, n_slots - pos)
+    out[pos:pos + q] = items[:q]
+    prev[pos:pos + q] = last[:q]
+    while pos + q < n_slots:
+        start = pos + q
+        k = min(2 * q, n_slots - start)
+        h = (k + 1) // 2
+        out[start:start + k:2] = out[pos:pos + h]
+        out[start + 1:start + k:2] = slots[pos:pos + k // 2]
+        prev[start:start + k:2] = np.arange(pos, pos + h)
+        prev[start + 1:start + k:2] = NONE
+        pos, q = start, k
     return out, prev
 
 
