@@ -43,6 +43,7 @@ def levels(n: int, a: np.ndarray, b: np.ndarray) -> Levels:
     keep = ~root
     ra, rb = a[keep], b[keep]
     total = int(np.add.reduce(lv))
+    grew = [-1, -2]  # the last two rounds' growth of the level sum
     for _ in range(MAX_RELAX):
         x = lv[ra]
         x += 1
@@ -50,6 +51,12 @@ def levels(n: int, a: np.ndarray, b: np.ndarray) -> Levels:
         now = int(np.add.reduce(lv))
         if now == total:
             return Levels(a, b, int(np.maximum.reduce(lv)), True, lv)
+        # on a DAG a round raises only nodes at least that deep, fewer and fewer; the same
+        # growth three rounds running is what a cycle does (nodes on or behind it rise by one
+        # each round): Kahn's algorithm decides at once (the same levels if there is none)
+        if now - total == grew[0] == grew[1]:
+            break
+        grew = [now - total, grew[0]]
         total = now
     level = kahn_levels(n, a, b)
     ok = bool((level >= 0).all())
