@@ -306,15 +306,27 @@ class RunLogWriter:
             self._heap_len = end
             self._pending_heap.clear()
             self._pending_heap_len = 0
+        # a step's row is its commit: the rows that belong to it (memory, calibration, ...)
+        # reach the file first, so that a kill between the two never leaves a step whose rows
+        # are missing
+        steps = self._pending_rows["steps"]
+        others = False
         for name, rows in self._pending_rows.items():
-            if not rows:
-                continue
-            ds = self._tables[name]
-            start = ds.shape[0]
-            ds.resize((start + len(rows),))
-            ds[start:] = np.array(rows, dtype=ds.dtype)
-            rows.clear()
+            if rows and name != "steps":
+                self._append(name, rows)
+                others = True
+        if steps:
+            if others:
+                self._file.flush()
+            self._append("steps", steps)
         self._file.flush()
+
+    def _append(self, name: str, rows: list[tuple[Any, ...]]) -> None:
+        ds = self._tables[name]
+        start = ds.shape[0]
+        ds.resize((start + len(rows),))
+        ds[start:] = np.array(rows, dtype=ds.dtype)
+        rows.clear()
 
     def close(self, *, clean: bool = True, error: str = "") -> None:
         """Flush, append a ``run-end`` event and close. Idempotent."""
