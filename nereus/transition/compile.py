@@ -301,9 +301,10 @@ def compile_transition(
                                                      if mem else ""))
     if capacity_bytes is not None and excl.pairs is not None:
         # co-resident model-stages: their chosen local DAGs' bytes together; where the bound
-        # does not fit, chain the primitives on the GPU by level (see :mod:`memory_order`); where a
-        # chain does not fit, order just the phases that would meet above capacity (see
-        # :mod:`phases`), and where that fails chain the GPU in priority order
+        # does not fit, run the primitives on the GPU in batches by level (see
+        # :mod:`memory_order`); where a batch does not fit, order just the phases that would
+        # meet above capacity (see :mod:`phases`), and where that fails chain the GPU in
+        # priority order
         bad = excess_gpus({m: locs[m].levels for m in names}, excl, capacity_bytes,
                           reserved_bytes)
         if bad:
@@ -314,10 +315,10 @@ def compile_transition(
                 return cap - reserved.get(g, 0)
 
             n = len(dag.primitives)
-            chain_key = [lv * n + i for i, lv in enumerate(levels_of(dag))]
-            chain, over = memory_batches(dag, [g for g, _ in bad], unit_bytes, limit, chain_key)
+            by_level = [lv * n + i for i, lv in enumerate(levels_of(dag))]
+            batched, over = memory_batches(dag, [g for g, _ in bad], unit_bytes, limit, by_level)
             if over is None:
-                return with_memory_edges(dag, chain, _priority_keys(dag.primitives, rank))
+                return with_memory_edges(dag, batched, _priority_keys(dag.primitives, rank))
             extra, failed = order_for_memory(dag, [g for g, _ in bad], limit)
             dag = replace(dag, edges=dag.edges + extra)
             if failed:

@@ -466,6 +466,6 @@ def _plan(
                     for k, m in enumerate(names)]
             got_dag = order_memory_batches(dag, bad.tolist(), capacity, held)
             if got_dag is None:
-                return None  # a chain that does not fit: the reference orders phases
+                return None  # a batch that does not fit: the reference orders phases
             dag = got_dag
     return dag

@@ -4,8 +4,9 @@ same check, computed on arrays for every GPU at once.
 What :func:`memory_order.memory_batches` reads off records comes from the blocks here: per
 (primitive, GPU it keeps busy) the bytes its inputs hold there, its peak there and the change it
 leaves there (:func:`_incidences`). The GPUs' sequences are one sort of those rows by (GPU,
-level, primitive); the greedy cut into batches runs one position of the sequences at a time
-across all GPUs; each batch's edges are the rows of a contiguous range before it.
+level, primitive); the greedy cut into batches finds every GPU's next batch end with one search
+over the running sum of added bytes; each batch's edges are the rows of a contiguous range
+before it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from nereus.transition.fast_blocks import (
     Block,
 )
 from nereus.transition.fast_graph import levels
-from nereus.transition.fast_memory import _received
+from nereus.transition.fast_memory import merge_received
 from nereus.transition.primitives import shard_bytes
 
 
@@ -72,8 +73,7 @@ def _incidences(blocks: Sequence[tuple[int, Block, int, int]], bad: np.ndarray
             for g in (INTERLEAVED, CONTIGUOUS):
                 sel = blk.grouping == g
                 if np.count_nonzero(sel):
-                    recv[sel] = _received(blk.lay.tp, blk.lay.pp, blk.sub.tp, blk.sub.pp, g,
-                                          sb, rep)
+                    recv[sel] = merge_received(blk, sb, rep, g)
             add(first, blk.rows, np.maximum(recv, max(own - part, 0)), own - part)
     if not prims:
         z = np.zeros(0, dtype=np.int64)
@@ -152,6 +152,6 @@ def order_memory_batches(b: BatchedDag, bad: Sequence[int], capacity: int,
     ea, eb = key // n, key % n
     new = levels(n, np.concatenate([topo.a, ea]), np.concatenate([topo.b, eb]))
     if not new.ok:  # pragma: no cover - the batches follow one topological order
-        raise TransitionError("memory chains made a cycle")
+        raise TransitionError("memory batches made a cycle")
     extra = tuple(zip(ea.tolist(), eb.tolist(), ("memory",) * ea.size, strict=True))
     return replace(b, extra=extra, topo=new)
