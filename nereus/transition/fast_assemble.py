@@ -33,7 +33,8 @@ class BatchedDag:
     in unit order, built into units when expanding. Primitive indices are those of the expanded DAG: the local DAGs of ``names`` one after
     another (``offsets``). Edges: each local DAG's, the resource edges (``res_a → res_b``, once
     per GPU the Destroy frees for the Extend: made unique when expanding), then
-    ``extra`` (the "memory" edges of co-resident model-stages). ``topo`` levels all of them.
+    ``extra_a → extra_b`` (the "memory" edges of co-resident model-stages, tuples in
+    :attr:`extra`). ``topo`` levels all of them.
     """
 
     source: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...]
@@ -51,7 +52,16 @@ class BatchedDag:
     conflicts: frozenset[tuple[str, str]] | None
     state_bytes: tuple[tuple[str, int], ...]
     replicated_bytes: tuple[tuple[str, int], ...]
-    extra: tuple[tuple[int, int, str], ...] = ()
+    extra_a: np.ndarray | None = None  # the memory edges extra_a → extra_b, if any
+    extra_b: np.ndarray | None = None
+
+    @property
+    def extra(self) -> tuple[tuple[int, int, str], ...]:
+        """The "memory" edges as the expanded DAG lists them."""
+        if self.extra_a is None or self.extra_b is None:
+            return ()
+        return tuple(zip(self.extra_a.tolist(), self.extra_b.tolist(),
+                         ("memory",) * self.extra_a.size, strict=True))
 
     @property
     def sizes(self) -> dict[str, tuple[int, int]]:
@@ -142,9 +152,8 @@ def assemble(
         tuple((m, rep_of[m]) for m in sorted(names)) if with_rep else ())
     if topo.ok:
         return dag, []
-    stage_of = [m for m, loc in zip(names, stages, strict=True) for _ in range(loc.n)]
     assert topo.level is not None
-    return dag, cycle_names(n, a, b, topo.level, stage_of)
+    return dag, cycle_names(n, a, b, topo.level, names, offsets)
 
 
 def _emus_of(units: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray], ...]
@@ -178,15 +187,16 @@ def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ..
     edges += [(x, y, kind) for x, y in zip((keys_res % max(b.n, 1)).tolist(),
                                            (keys_res // max(b.n, 1)).tolist(), strict=True)]
     edges = list(dict.fromkeys(edges))
-    order = priority_order(b.n, edges + list(b.extra), keys)
+    extra = b.extra
+    order = priority_order(b.n, edges + list(extra), keys)
     dag = TransitionDag(_emus_of(b.source), _emus_of(b.target), tuple(prims), tuple(edges),
                         tuple(order), b.t_sub, b.conflicts, b.state_bytes, b.replicated_bytes)
+    if extra:
+        dag = replace(dag, edges=dag.edges + extra)
     return dag, []
 
 
 def expand(b: BatchedDag) -> TransitionDag:
     """The per-primitive DAG (what :func:`compile.compile_transition` returns)."""
     dag, _ = _records_and_edges(b)
-    if b.extra:
-        dag = replace(dag, edges=dag.edges + b.extra)
     return dag

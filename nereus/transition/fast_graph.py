@@ -4,6 +4,7 @@ equal to what :func:`compile._assemble` computes on records."""
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,17 +30,22 @@ class Levels:
 MAX_RELAX = 64  # deeper DAGs (or cycles) go to Kahn's algorithm
 
 
-def levels(n: int, a: np.ndarray, b: np.ndarray) -> Levels:
+def levels(n: int, a: np.ndarray, b: np.ndarray, start: np.ndarray | None = None) -> Levels:
     """Longest path (in edges) ending at each node by relaxing every edge at once until
     nothing changes — depth + 1 rounds on a DAG, the edges out of nodes without predecessors
     only in the first — and Kahn's algorithm where that does not settle (a cycle, or a DAG
-    deeper than :data:`MAX_RELAX`)."""
-    lv = np.zeros(n, dtype=np.int64)
+    deeper than :data:`MAX_RELAX`). ``start``: levels no higher than the result (those of a
+    DAG with a subset of these edges), relaxed from instead of zeros: only what the other
+    edges raise takes rounds."""
+    lv = np.zeros(n, dtype=np.int64) if start is None else start.copy()
     if not a.size:
         return Levels(a, b, 0, True, lv)
     # edges out of nodes without predecessors give their heads level 1 once and for all
     root = np.bincount(b, minlength=n)[a] == 0
-    lv[b[root]] = 1
+    if start is None:
+        lv[b[root]] = 1
+    else:
+        np.maximum.at(lv, b[root], 1)
     keep = ~root
     ra, rb = a[keep], b[keep]
     total = int(np.add.reduce(lv))
@@ -104,30 +110,38 @@ def longest_path(lv: Levels, durations: np.ndarray) -> float:
 
 
 def cycle_names(n: int, a: np.ndarray, b: np.ndarray, level: np.ndarray,
-                stage_of: Sequence[str]) -> list[str]:
-    """:func:`compile._cycle_names` over the nodes without a level."""
-    left = set(range(n)) - set(np.flatnonzero(level >= 0).tolist())
-    it = np.fromiter(left, dtype=np.int64, count=len(left))
-    rank = np.full(n, -1, dtype=np.int64)
-    rank[it] = np.arange(it.size)
-    inside = (rank[a] >= 0) & (rank[b] >= 0)
+                names: Sequence[str], offsets: Sequence[int]) -> list[str]:
+    """:func:`compile._cycle_names` over the nodes without a level (node ``j`` belongs to
+    ``names[k]`` for the last ``offsets[k] <= j``): walking back from the smallest of them,
+    a node's predecessor is the first of its unordered tails in the iteration order of the
+    set of unordered nodes, which is built only where a node on the walk has several."""
+    out = level < 0
+    inside = out[a] & out[b]
     ea, eb = a[inside], b[inside]
-    perm = np.lexsort((rank[ea], eb))  # per head, its tail met first while iterating ``left``
-    eb_s, ea_s = eb[perm], ea[perm]
-    firsts = np.concatenate([[True], eb_s[1:] != eb_s[:-1]]) if eb_s.size else eb_s.astype(bool)
-    pred = dict(zip(eb_s[firsts].tolist(), ea_s[firsts].tolist(), strict=True))
+    by = np.argsort(eb, kind="stable")
+    ea, eb = ea[by], eb[by]
+    order_of: dict[int, int] | None = None
     seen: dict[int, int] = {}
     path: list[int] = []
-    i = min(left)
-    while i not in seen:
+    i = int(np.argmax(out))
+    while i not in seen:  # every unordered node has an unordered predecessor: walk back
         seen[i] = len(path)
         path.append(i)
-        i = pred[i]
-    out: list[str] = []
+        lo, hi = np.searchsorted(eb, (i, i + 1)).tolist()
+        tails = ea[lo:hi]
+        pred = int(tails[0])
+        if hi - lo > 1 and np.count_nonzero(tails != pred):
+            if order_of is None:  # as the reference builds it
+                left = set(range(n)) - set(np.flatnonzero(~out).tolist())
+                order_of = {x: k for k, x in enumerate(left)}
+            pred = min(set(tails.tolist()), key=order_of.__getitem__)
+        i = pred
+    names_out: list[str] = []
     for j in path[seen[i]:][::-1]:
-        if not out or out[-1] != stage_of[j]:
-            out.append(stage_of[j])
-    return out
+        m = names[bisect_right(offsets, j) - 1]
+        if not names_out or names_out[-1] != m:
+            names_out.append(m)
+    return names_out
 
 
 def priority_order(n: int, edges: Sequence[tuple[int, int, str]],

@@ -150,8 +150,7 @@ def order_memory_batches(b: BatchedDag, bad: Sequence[int], capacity: int,
         np.not_equal(key[1:], key[:-1], out=keep[1:])
         key = key[keep]
     ea, eb = key // n, key % n
-    new = levels(n, np.concatenate([topo.a, ea]), np.concatenate([topo.b, eb]))
+    new = levels(n, np.concatenate([topo.a, ea]), np.concatenate([topo.b, eb]), topo.level)
     if not new.ok:  # pragma: no cover - the batches follow one topological order
         raise TransitionError("memory batches made a cycle")
-    extra = tuple(zip(ea.tolist(), eb.tolist(), ("memory",) * ea.size, strict=True))
-    return replace(b, extra=extra, topo=new)
+    return replace(b, extra_a=ea, extra_b=eb, topo=new)
