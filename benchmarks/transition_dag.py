@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import itertools
 import json
 import os
@@ -154,8 +155,9 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
     cpu: list[float] = []
     parts: list[tuple[float, float, float]] = []
     for _ in range(repeats):
+        target = _fresh(tgt)  # a new target each time, as the plan search makes one
         w0, c0 = time.perf_counter(), time.process_time()
-        planned = plan_plans(cur, tgt, STATES, SIZER, capacity_bytes=CAP, conflicts=conflicts)
+        planned = plan_plans(cur, target, STATES, SIZER, capacity_bytes=CAP, conflicts=conflicts)
         w1 = time.perf_counter()
         cost_s = planned.cost_s(cluster)
         w2, c2 = time.perf_counter(), time.process_time()
@@ -209,6 +211,13 @@ def _plans(placement: str, n: int) -> tuple[ExecutionPlan, ExecutionPlan, Confli
     return _phase_plan(n, PHASES_CUR), _phase_plan(n, PHASES_TGT), PPO.concurrent
 
 
+def _fresh(plan: ExecutionPlan) -> ExecutionPlan:
+    """An equal plan of new objects (the planner reads a plan's replica tuples once per plan
+    object: the controller's current plan was the target of the last transition, and each
+    candidate target is new)."""
+    return ExecutionPlan(tuple(dataclasses.replace(sp) for sp in plan.stages))
+
+
 def plan_only(placement: str, n: int, reps: int) -> None:
     """``reps`` plannings (plan + cost) and nothing else, each one call of ``starmap``'s
     ``__next__``: for an external profiler (e.g. callgrind with collection toggled on
@@ -216,12 +225,13 @@ def plan_only(placement: str, n: int, reps: int) -> None:
     cluster = ClusterSpec(n // GPN, GPN, H200)
     cur, tgt, conflicts = _plans(placement, n)
 
-    def once() -> float:
-        return plan_plans(cur, tgt, STATES, SIZER, capacity_bytes=CAP,
+    def once(target: ExecutionPlan) -> float:
+        return plan_plans(cur, target, STATES, SIZER, capacity_bytes=CAP,
                           conflicts=conflicts).cost_s(cluster)
 
-    once()
-    collections.deque(itertools.starmap(once, itertools.repeat((), reps)), maxlen=0)
+    once(_fresh(tgt))
+    targets = [(_fresh(tgt),) for _ in range(reps)]
+    collections.deque(itertools.starmap(once, targets), maxlen=0)
 
 
 def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:

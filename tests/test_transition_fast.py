@@ -251,3 +251,30 @@ def test_inputs_the_batched_path_does_not_cover_fall_back() -> None:
     # invalid collections raise the reference's error
     with pytest.raises(TransitionError, match="GPU 0 held by a-inf and a-inf"):
         plan_transition([a, Emu("a-inf", "a", a.layout, (0,))], [b], lambda m: 10)
+
+
+def test_replica_matrices_are_read_once_per_plan_object_and_leave_with_it() -> None:
+    """The current plan's matrices are kept between plannings (it was the last target); a new
+    plan object is read afresh, an equal one gives the same DAG, and an entry goes with its
+    plan."""
+    import dataclasses
+    import gc
+
+    spec = (("actor-gen", 4, 2, 1), ("ref-inf", 2, 1, 1), ("actor-train", 10, 4, 1))
+    cur = _blocks(64, spec)
+    tgt = _blocks(64, (("actor-gen", 8, 1, 1), ("ref-inf", 4, 2, 1), ("actor-train", 4, 8, 1)))
+    first = plan_plans(cur, tgt, STATES, LLAMA).dag
+    rows = fast._stage_rows(cur.stages[0])
+    assert rows is not None and not rows.flags.writeable
+    assert fast._stage_rows(cur.stages[0]) is rows  # kept
+    equal = ExecutionPlan(tuple(dataclasses.replace(sp) for sp in tgt.stages))
+    keys = [id(sp) for sp in equal.stages]
+    assert plan_plans(cur, equal, STATES, LLAMA).dag == first
+    assert all(k in fast._ROWS for k in keys)
+    del equal
+    gc.collect()
+    assert not any(k in fast._ROWS for k in keys)
+    # a plan whose replicas changed is a new object: read afresh
+    gen = tgt.stages[0]
+    moved = ExecutionPlan((dataclasses.replace(gen, replicas=gen.replicas[::-1]),) + tgt.stages[1:])
+    assert plan_plans(cur, moved, STATES, LLAMA).dag == compile_plans(cur, moved, STATES, LLAMA)

@@ -14,9 +14,10 @@ where it is the faster of the two.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from itertools import chain, groupby, starmap
 from operator import attrgetter
 from struct import Struct
@@ -26,7 +27,7 @@ import numpy as np
 
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.plan import ExecutionPlan
+from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand
@@ -144,19 +145,40 @@ def _rows(reps: Sequence[Sequence[int]], size: int) -> np.ndarray | None:
     return np.frombuffer(buf, np.int64).reshape(len(reps), size)
 
 
+# Replica matrices of the stage plans read so far, by identity: the controller plans every
+# transition out of its current plan, which was the target of the last one, so its matrices are
+# read once. An entry leaves with its plan (weak reference); the matrices are read-only.
+_ROWS: dict[int, tuple[weakref.ref[StagePlan], np.ndarray | None]] = {}
+
+
+def _forget(key: int, _: object) -> None:
+    _ROWS.pop(key, None)
+
+
+def _stage_rows(sp: StagePlan) -> np.ndarray | None:
+    """:func:`_rows` of ``sp``'s replicas, kept while ``sp`` lives."""
+    key = id(sp)
+    got = _ROWS.get(key)
+    if got is not None and got[0]() is sp:
+        return got[1]
+    rows = _rows(sp.replicas, sp.tp * sp.pp)
+    if rows is not None:
+        rows.flags.writeable = False
+    _ROWS[key] = (weakref.ref(sp, partial(_forget, key)), rows)
+    return rows
+
+
 def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
                 alive: np.ndarray | None) -> dict[str, _Side] | None:
     """:func:`_sides` of ``emus_of_plan(plan, states)`` (units on GPUs outside ``alive`` left
     out); None when a replica is malformed (the reference reports it)."""
     out: dict[str, _Side] = {}
     for sp in plan.stages:
-        size = sp.tp * sp.pp
-        reps = sp.replicas
         if sp.name in out or sp.name not in states:
             return None
-        if not reps:
+        if not sp.replicas:
             continue
-        rows = _rows(reps, size)
+        rows = _stage_rows(sp)
         if rows is None:
             return None
         if alive is not None:

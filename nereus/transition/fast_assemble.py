@@ -108,18 +108,23 @@ def assemble(
         n += loc.n
     # release: per model-stage that destroys anything, and GPU, the global index of the
     # Destroy that frees it
-    freeing = [k for k, loc in enumerate(stages)
-               if any(blk.kind == DESTROY for blk in loc.blocks)]
+    kinds = [[blk.kind for blk in loc.blocks] for loc in stages]
+    freeing = [k for k, ks in enumerate(kinds) if DESTROY in ks]
     res_a: list[np.ndarray] = []
     res_b: list[np.ndarray] = []
+    every = excl.pairs is None
     if freeing:
         rel = np.empty((len(freeing), stages[0].release.size), dtype=np.int64)
         for r, k in enumerate(freeing):
-            rel[r] = stages[k].release
-            rel[r] += offsets[k]
+            np.add(stages[k].release, offsets[k], out=rel[r])
         rel[rel < 0] = -1
-    for m, loc, off in zip(names, stages, offsets, strict=True) if freeing else ():
-        rows = [r for r, k in enumerate(freeing) if excl.conflicts(names[k], m)]
+    for k, (m, loc, off) in enumerate(zip(names, stages, offsets, strict=True)):
+        if not freeing or EXTEND not in kinds[k]:
+            continue
+        if every:  # every other model-stage conflicts
+            rows = [r for r, j in enumerate(freeing) if j != k]
+        else:
+            rows = [r for r, j in enumerate(freeing) if excl.conflicts(names[j], m)]
         if not rows:
             continue
         sub = rel[rows] if len(rows) < len(freeing) else rel
@@ -129,11 +134,10 @@ def assemble(
             assert blk.new is not None
             d = sub[:, blk.new]  # (stages × Extends × GPUs)
             has = d >= 0
-            if np.count_nonzero(has):
-                idx = np.zeros(d.shape, dtype=np.int64)
-                idx += (off + blk.start + np.arange(blk.rows.shape[0]))[:, None]
-                res_a.append(d[has])
-                res_b.append(idx[has])
+            got = has.nonzero()
+            if got[0].size:
+                res_a.append(d[got])
+                res_b.append(got[1] + (off + blk.start))
     # raw: an Extend meets a Destroy once per GPU it frees (sorted and made unique when
     # expanding; duplicates change neither depth nor critical path)
     res_a_arr = np.concatenate(res_a) if res_a else np.zeros(0, dtype=np.int64)

@@ -94,6 +94,19 @@ class LocalArrays:
     levels: np.ndarray | None = None  # GPU → most bytes held (co-resident memory check)
 
 
+def new_local(stage: str, state: str, blocks: list[Block], n: int, release: np.ndarray,
+              t_sub: Layout | None = None) -> LocalArrays:
+    """``LocalArrays(stage, state, blocks, n, Edges(), release, t_sub=t_sub)`` without the
+    dataclass ``__init__`` (built once per model-stage per planning, on its clock)."""
+    edges = object.__new__(Edges)
+    edges.__dict__["chunks"] = []
+    loc = object.__new__(LocalArrays)
+    loc.__dict__.update(stage=stage, state=state, blocks=blocks, n=n, edges=edges,
+                        release=release, donor=False, staged=False, t_sub=t_sub, staging=(),
+                        levels=None)
+    return loc
+
+
 @lru_cache(maxsize=4096)
 def sub_index(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: int) -> np.ndarray:
     """Positions (k × |sub|) of the sub-units of a (tp, pp) unit split into (sub_tp, sub_pp)."""

@@ -27,9 +27,9 @@ from nereus.transition.fast_blocks import (
     ORDER,
     SPLIT,
     Block,
-    Edges,
     LocalArrays,
     block,
+    new_local,
     none_array,
     sub_index,
 )
@@ -63,8 +63,7 @@ def destroy_only(stage: str, state: str, srcs: np.ndarray, lay: Layout, size: in
     n = srcs.shape[0]
     release = none_array(size)
     release[srcs] = np.arange(n)[:, None]
-    return LocalArrays(stage, state, [block(DESTROY, 0, srcs, lay)] if n else [], n, Edges(),
-                       release)
+    return new_local(stage, state, [block(DESTROY, 0, srcs, lay)] if n else [], n, release)
 
 
 def local_arrays(
@@ -178,14 +177,16 @@ def local_arrays(
     surplus = (~kept_hit).nonzero()[0]
     # slots: ids n_base + slot index; a kept slot is the unit already there
     slot_unit = np.arange(n_base, n_base + nslots)
-    unfilled_mask = np.ones(nslots, dtype=bool)
     if kept.size:
         kept_slot = slot_tab[unit_rows[kept, 0]]
         slot_unit[kept_slot] = kept
-        unfilled_mask[kept_slot] = False
     if kept.size == nslots:  # each kept unit is a distinct slot: all slots hold theirs
         unfilled = blocked = EMPTY
     else:
+        unfilled_mask = np.empty(nslots, dtype=bool)
+        unfilled_mask.fill(True)
+        if kept.size:
+            unfilled_mask[kept_slot] = False
         unfilled = unfilled_mask.nonzero()[0]
         blocked = held[slot_rows[unfilled]].any(1)
         n_blocked = int(np.count_nonzero(blocked))
@@ -193,7 +194,7 @@ def local_arrays(
             unfilled = np.concatenate([unfilled[~blocked], unfilled[blocked]])
             blocked = np.concatenate([np.zeros(unfilled.size - n_blocked, dtype=bool),
                                       np.ones(n_blocked, dtype=bool)])
-    loc = LocalArrays(stage, state, blocks, n, Edges(), none_array(size), t_sub=t_sub)
+    loc = new_local(stage, state, blocks, n, none_array(size), t_sub)
     edges = loc.edges
     donor = -1
     staged = -1  # the staged copy's id
