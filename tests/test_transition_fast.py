@@ -278,3 +278,20 @@ def test_replica_matrices_are_read_once_per_plan_object_and_leave_with_it() -> N
     gen = tgt.stages[0]
     moved = ExecutionPlan((dataclasses.replace(gen, replicas=gen.replicas[::-1]),) + tgt.stages[1:])
     assert plan_plans(cur, moved, STATES, LLAMA).dag == compile_plans(cur, moved, STATES, LLAMA)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=300), st.integers(0, 50), st.booleans())
+def test_a_lone_donor_reads_as_the_round_replay(blocked: list[bool], donor: int,
+                                                free: bool) -> None:
+    """The shortcut for a pool of only the donor gives the round-by-round replay's order."""
+    import numpy as np
+
+    from nereus.transition.fast_sources import _replay, heap_rounds
+
+    n = len(blocked)
+    slots = np.arange(100, 100 + n)
+    args = (np.array([donor]), np.array([free]), slots, np.array(blocked))
+    got = heap_rounds(*args, donor)
+    want = _replay(*args, donor, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64))
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

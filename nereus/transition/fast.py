@@ -31,7 +31,7 @@ from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand
-from nereus.transition.fast_blocks import EMPTY, LocalArrays
+from nereus.transition.fast_blocks import EMPTY, LocalArrays, iota
 from nereus.transition.fast_cost import durations
 from nereus.transition.fast_graph import longest_path
 from nereus.transition.fast_local import destroy_only, local_arrays
@@ -356,7 +356,7 @@ def _plan(
             by_tgt[m] = t.rows if t is not None else np.zeros((0, 1), dtype=np.int64)
             continue
         tab = np.full(size, -1, dtype=np.int64)
-        tab[t.rows[:, 0]] = np.arange(t.rows.shape[0])
+        tab[t.rows[:, 0]] = iota(0, t.rows.shape[0])
         hit = tab[s.rows[:, 0]]
         same = (t.rows[hit] == s.rows).all(1)
         same &= hit >= 0

@@ -19,6 +19,16 @@ NONE = -(1 << 40)  # "no such primitive": stays negative after adding any offset
 EMPTY = np.zeros(0, dtype=np.int64)
 
 
+_IOTA = np.arange(1 << 16, dtype=np.int64)
+_IOTA.flags.writeable = False
+
+
+def iota(lo: int, hi: int) -> np.ndarray:
+    """``np.arange(lo, hi)`` (int64, ``0 <= lo <= hi``), read-only: a view of one array where
+    it reaches far enough (no allocation)."""
+    return _IOTA[lo:hi] if hi <= _IOTA.size else np.arange(lo, hi, dtype=np.int64)
+
+
 def none_array(n: int) -> np.ndarray:
     """``n`` entries of :data:`NONE`."""
     out = np.empty(n, dtype=np.int64)

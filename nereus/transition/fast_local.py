@@ -29,6 +29,7 @@ from nereus.transition.fast_blocks import (
     Block,
     LocalArrays,
     block,
+    iota,
     new_local,
     none_array,
     sub_index,
@@ -41,8 +42,12 @@ def _first_table(rows: np.ndarray, size: int) -> np.ndarray:
     """GPU → index of the row starting at it (rows pairwise disjoint), -1 elsewhere."""
     tab = np.empty(size, dtype=np.int64)
     tab.fill(-1)
-    tab[rows[:, 0]] = np.arange(rows.shape[0])
+    tab[rows[:, 0]] = iota(0, rows.shape[0])
     return tab
+
+
+# rows of 2, 4 or 8 booleans compared as one word
+_ALL_TRUE = {k: (np.dtype(f"u{k}"), np.array(int("01" * k, 16), dtype=f"u{k}")) for k in (2, 4, 8)}
 
 
 def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -53,7 +58,12 @@ def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if rows.shape[1] == 1:  # a one-GPU row equals the row starting at its GPU
         out: np.ndarray = ids >= 0
         return out
-    hit: np.ndarray = np.logical_and.reduce(rows[ids] == q, axis=-1)
+    eq = rows[ids] == q
+    word = _ALL_TRUE.get(rows.shape[1])
+    if word is None:
+        hit: np.ndarray = np.logical_and.reduce(eq, axis=-1)
+    else:  # the row's flags read as one unsigned word: all true is 0x01…01
+        hit = eq.view(word[0]).reshape(ids.shape) == word[1]
     hit &= ids >= 0
     return hit
 
@@ -62,7 +72,7 @@ def destroy_only(stage: str, state: str, srcs: np.ndarray, lay: Layout, size: in
     """A model-stage with nothing to build: every unit is destroyed."""
     n = srcs.shape[0]
     release = none_array(size)
-    release[srcs] = np.arange(n)[:, None]
+    release[srcs] = iota(0, n)[:, None]
     return new_local(stage, state, [block(DESTROY, 0, srcs, lay)] if n else [], n, release)
 
 
@@ -165,7 +175,7 @@ def local_arrays(
                 grp = grp[split]
         unit_rows = subs.reshape(-1, s)
         kept_hit = hits.reshape(-1)
-        producer = np.arange(split_n).repeat(subs.shape[1])
+        producer = iota(0, split_n).repeat(subs.shape[1])
         if split_n:
             blocks.append(block(SPLIT, 0, srows, ls, t_sub, grouping=grp if grp is not None
                                 else np.zeros(split_n, dtype=np.int8),
@@ -214,7 +224,7 @@ def local_arrays(
                 pool = np.concatenate([pool, free_sur])
                 pool_free = np.concatenate([pool_free, np.zeros(free_sur.size, dtype=bool)])
         if has_rep:
-            pool = np.concatenate([pool, np.arange(n_base + nslots, n_units)])
+            pool = np.concatenate([pool, iota(n_base + nslots, n_units)])
             pool_free = np.concatenate([pool_free, np.zeros(replicas.shape[0], dtype=bool)])
         rows_parts = [unit_rows, slot_rows] + ([replicas] if has_rep else [])
         prod_parts = [producer, none_array(n_units - n_base)]
@@ -232,7 +242,7 @@ def local_arrays(
                 blocks.append(block(SPLIT, n, parent[None, :], ls, t_sub,
                                     grouping=np.zeros(1, dtype=np.int8)))
                 subs = parent[sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)]
-                ids = np.arange(n_units, n_units + subs.shape[0])
+                ids = iota(n_units, n_units + subs.shape[0])
                 rows_parts.append(subs)
                 prod_parts.append(np.full(subs.shape[0], n, dtype=np.int64))
                 n_units += subs.shape[0]
@@ -282,7 +292,7 @@ def local_arrays(
     if readers:
         owner = none_array(n_units)  # unit → the Destroy or Merge it feeds
         part_of = np.zeros(n_units, dtype=np.int64)
-    ext_idx = np.arange(n, n + n_ext)
+    ext_idx = iota(n, n + n_ext)
     if n_ext:
         blocks.append(block(EXTEND, n, all_rows[ext_src], t_sub, new=slot_rows[unfilled]))
         all_prod[slot_ids] = ext_idx
@@ -292,7 +302,7 @@ def local_arrays(
         n += n_ext
     # Destroys: surplus units (after their producer and readers), then whole units
     if surplus.size:
-        d_idx = np.arange(n, n + surplus.size)
+        d_idx = iota(n, n + surplus.size)
         rows = all_rows[surplus]
         blocks.append(block(DESTROY, n, rows, t_sub))
         edges.add(all_prod[surplus], d_idx, DATA, 0, d_idx, 0, 0)
@@ -301,7 +311,7 @@ def local_arrays(
         loc.release[rows] = d_idx[:, None]
         n += surplus.size
     if whole.shape[0]:
-        d_idx = np.arange(n, n + whole.shape[0])
+        d_idx = iota(n, n + whole.shape[0])
         blocks.append(block(DESTROY, n, whole, ls))
         loc.release[whole] = d_idx[:, None]
         n += whole.shape[0]
@@ -311,7 +321,7 @@ def local_arrays(
         assert tgt_grp is not None
         blocks.append(block(MERGE, n, tgts, lt, t_sub, grouping=tgt_grp, contiguous=tgt_contig))
         parts = slot_unit  # (targets × parts) unit ids, flat
-        flat = np.arange(nt * kt)
+        flat = iota(0, nt * kt)
         own_m = flat // kt + n
         part_no = flat % kt
         edges.add(all_prod[parts], own_m, DATA, 0, own_m, part_no, 0)
@@ -331,7 +341,7 @@ def local_arrays(
     # (the staged copy's own Destroy excepted; no other destroyed unit equals a slot)
     if n_ext:
         rel = loc.release[slot_rows[unfilled]].reshape(-1)  # (Extends × GPUs), flat
-        flat = np.arange(n_ext * s)
+        flat = iota(0, n_ext * s)
         own_e = flat // s + ext_idx[0]
         edges.add(rel, own_e, LOCAL, 1, own_e, 0, flat % s)
     loc.n = n

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.emu.unit import Layout
-from nereus.transition.fast_blocks import EMPTY, INTERLEAVED, NONE, none_array, sub_index
+from nereus.transition.fast_blocks import EMPTY, INTERLEAVED, NONE, iota, none_array, sub_index
 
 
 def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
@@ -28,6 +28,19 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
     prev = np.empty(n_slots, dtype=np.int64)
     if not n_slots:
         return out, prev
+    if donor >= 0 and pool.size == 1:  # the donor alone (the pool is nothing else then)
+        out[0], prev[0] = donor, NONE
+        if n_slots > 1:  # read once: then one chain of doubling from the first slot
+            out[1], prev[1] = slots[0], NONE
+            _double(out, prev, slots, 1, 1)
+        return out, prev
+    return _replay(pool, pool_free, slots, blocked, donor, out, prev)
+
+
+def _replay(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray, blocked: np.ndarray,
+            donor: int, out: np.ndarray, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`heap_rounds` a round at a time (any pool)."""
+    n_slots = slots.size
     p0, p1 = pool[~pool_free], pool[pool_free]
     rounds: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {
         0: [(p0, none_array(p0.size))], 1: [(p1, none_array(p1.size))]}
@@ -56,7 +69,7 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
         nxt[0::2] = src
         nxt[1::2] = slots[pos:pos + q]
         nlast = none_array(2 * q)
-        nlast[0::2] = np.arange(pos, pos + q)
+        nlast[0::2] = iota(pos, pos + q)
         if f == 1:  # round 0: a blocked slot starts at 1, so both land in round 2
             late = blocked[pos:pos + q].repeat(2)
         if donor >= 0 and f <= 2:  # the donor is read once
@@ -78,16 +91,22 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
     q = min(items.size, n_slots - pos)
     out[pos:pos + q] = items[:q]
     prev[pos:pos + q] = last[:q]
+    _double(out, prev, slots, pos, q)
+    return out, prev
+
+
+def _double(out: np.ndarray, prev: np.ndarray, slots: np.ndarray, pos: int, q: int) -> None:
+    """Fills ``out``/``prev`` after the round at ``pos`` (``q`` Extends) by pure doubling."""
+    n_slots = slots.size
     while pos + q < n_slots:
         start = pos + q
         k = min(2 * q, n_slots - start)
         h = (k + 1) // 2
         out[start:start + k:2] = out[pos:pos + h]
         out[start + 1:start + k:2] = slots[pos:pos + k // 2]
-        prev[start:start + k:2] = np.arange(pos, pos + h)
+        prev[start:start + k:2] = iota(pos, pos + h)
         prev[start + 1:start + k:2] = NONE
         pos, q = start, k
-    return out, prev
 
 
 def pick_donor(
@@ -118,7 +137,7 @@ def pick_donor(
         if not count:
             return np.zeros(rows.shape[0], dtype=bool)
         ids = np.full(size, -1, dtype=np.int64)
-        ids[unfilled_rows[sel]] = np.arange(count)[:, None]
+        ids[unfilled_rows[sel]] = iota(0, count)[:, None]
         return _distinct(ids[rows]) < count
 
     def key(rows: np.ndarray, kind: int) -> np.ndarray:
