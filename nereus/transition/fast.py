@@ -31,7 +31,7 @@ from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand
-from nereus.transition.fast_blocks import EMPTY, LocalArrays, iota
+from nereus.transition.fast_blocks import EMPTY, LocalArrays, iota, row_all
 from nereus.transition.fast_cost import durations
 from nereus.transition.fast_graph import longest_path
 from nereus.transition.fast_local import destroy_only, local_arrays
@@ -186,7 +186,7 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
                 return None
             inside = rows < alive.size
             inside[inside] = alive[rows[inside]]
-            rows = rows[inside.all(1)]
+            rows = rows[row_all(inside)]
             if not rows.shape[0]:
                 continue
         out[sp.name] = _Side(_layout(sp.tp, sp.pp), rows, states[sp.name])
@@ -358,7 +358,7 @@ def _plan(
         tab = np.full(size, -1, dtype=np.int64)
         tab[t.rows[:, 0]] = iota(0, t.rows.shape[0])
         hit = tab[s.rows[:, 0]]
-        same = (t.rows[hit] == s.rows).all(1)
+        same = row_all(t.rows[hit] == s.rows)
         same &= hit >= 0
         if not same.any():
             by_src[m], in_place[m], by_tgt[m] = s.rows, s.rows[:0], t.rows

@@ -29,6 +29,34 @@ def iota(lo: int, hi: int) -> np.ndarray:
     return _IOTA[lo:hi] if hi <= _IOTA.size else np.arange(lo, hi, dtype=np.int64)
 
 
+# a row of 2, 4 or 8 flags read as one unsigned word (all set: 0x01…01)
+_WORDS = {k: (np.dtype(f"u{k}"), np.array(int("01" * k, 16), dtype=f"u{k}")) for k in (2, 4, 8)}
+
+
+def row_any(flags: np.ndarray) -> np.ndarray:
+    """``flags.any(-1)`` for boolean ``flags`` (cheaper for rows of 1, 2, 4 or 8)."""
+    k = flags.shape[-1]
+    if k == 1:
+        return flags[..., 0]
+    word = _WORDS.get(k)
+    if word is None or not flags.flags.c_contiguous:
+        out: np.ndarray = np.logical_or.reduce(flags, axis=-1)
+        return out
+    return flags.view(word[0]).reshape(flags.shape[:-1]) != 0
+
+
+def row_all(flags: np.ndarray) -> np.ndarray:
+    """``flags.all(-1)`` for boolean ``flags`` (cheaper for rows of 1, 2, 4 or 8)."""
+    k = flags.shape[-1]
+    if k == 1:
+        return flags[..., 0]
+    word = _WORDS.get(k)
+    if word is None or not flags.flags.c_contiguous:
+        out: np.ndarray = np.logical_and.reduce(flags, axis=-1)
+        return out
+    return flags.view(word[0]).reshape(flags.shape[:-1]) == word[1]
+
+
 def none_array(n: int) -> np.ndarray:
     """``n`` entries of :data:`NONE`."""
     out = np.empty(n, dtype=np.int64)

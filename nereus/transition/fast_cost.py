@@ -14,7 +14,16 @@ import numpy as np
 
 from nereus.emu.unit import Emu, Layout
 from nereus.spec.hardware import ClusterSpec
-from nereus.transition.fast_blocks import CONTIGUOUS, DESTROY, EXTEND, INTERLEAVED, SPLIT, Block
+from nereus.transition.fast_blocks import (
+    CONTIGUOUS,
+    DESTROY,
+    EXTEND,
+    INTERLEAVED,
+    SPLIT,
+    Block,
+    row_all,
+    row_any,
+)
 from nereus.transition.primitives import Merge, Split, shard_bytes
 from nereus.transition.regions import groupings_differ, sub_units
 
@@ -80,12 +89,12 @@ def block_durations(blk: Block, state_bytes: int, rep: int, gpn: int, intra: flo
         if not np.count_nonzero(apart):
             out.fill(setup_s + sb / intra)
         else:
-            out[:] = setup_s + sb / np.where(apart.any(1), inter, intra)
+            out[:] = setup_s + sb / np.where(row_any(apart), inter, intra)
         return
     sub = blk.sub
     assert sub is not None and blk.grouping is not None
     one_all = not np.count_nonzero(nodes != nodes[:, :1])
-    one = None if one_all else (nodes == nodes[:, :1]).all(1)
+    one = None if one_all else row_all(nodes == nodes[:, :1])
     for g in (INTERLEAVED, CONTIGUOUS) if blk.contiguous else (INTERLEAVED,):
         sel = None if not blk.contiguous else blk.grouping == g
         here = sel if one_all else one if sel is None else sel & one

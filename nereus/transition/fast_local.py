@@ -32,6 +32,8 @@ from nereus.transition.fast_blocks import (
     iota,
     new_local,
     none_array,
+    row_all,
+    row_any,
     sub_index,
 )
 from nereus.transition.fast_sources import heap_rounds, pick_donor
@@ -46,10 +48,6 @@ def _first_table(rows: np.ndarray, size: int) -> np.ndarray:
     return tab
 
 
-# rows of 2, 4 or 8 booleans compared as one word
-_ALL_TRUE = {k: (np.dtype(f"u{k}"), np.array(int("01" * k, 16), dtype=f"u{k}")) for k in (2, 4, 8)}
-
-
 def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """For each row of ``q`` (…, s): whether it equals a row of ``rows`` (by ``tab``)."""
     if not rows.shape[0]:
@@ -58,12 +56,7 @@ def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if rows.shape[1] == 1:  # a one-GPU row equals the row starting at its GPU
         out: np.ndarray = ids >= 0
         return out
-    eq = rows[ids] == q
-    word = _ALL_TRUE.get(rows.shape[1])
-    if word is None:
-        hit: np.ndarray = np.logical_and.reduce(eq, axis=-1)
-    else:  # the row's flags read as one unsigned word: all true is 0x01…01
-        hit = eq.view(word[0]).reshape(ids.shape) == word[1]
+    hit = row_all(rows[ids] == q)
     hit &= ids >= 0
     return hit
 
@@ -164,7 +157,7 @@ def local_arrays(
                 src_contig = True
                 subs = np.where(pick[:, None, None], subs_c, subs)
                 hits = np.where(pick[:, None], hits_c, hits)
-        split = np.logical_or.reduce(hits, axis=1)
+        split = row_any(hits)
         split_n = int(np.count_nonzero(split))
         if split_n == nsrc:
             srows = srcs
@@ -198,7 +191,7 @@ def local_arrays(
         if kept.size:
             unfilled_mask[kept_slot] = False
         unfilled = unfilled_mask.nonzero()[0]
-        blocked = held[slot_rows[unfilled]].any(1)
+        blocked = row_any(held[slot_rows[unfilled]])
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked and n_blocked < unfilled.size:  # free GPUs first (stable)
             unfilled = np.concatenate([unfilled[~blocked], unfilled[blocked]])
@@ -219,7 +212,7 @@ def local_arrays(
         pool = kept
         pool_free = producer[kept] >= 0
         if surplus.size:
-            free_sur = surplus[~np.logical_or.reduce(target_gpus[unit_rows[surplus]], axis=1)]
+            free_sur = surplus[~row_any(target_gpus[unit_rows[surplus]])]
             if free_sur.size:
                 pool = np.concatenate([pool, free_sur])
                 pool_free = np.concatenate([pool_free, np.zeros(free_sur.size, dtype=bool)])

@@ -11,7 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.emu.unit import Layout
-from nereus.transition.fast_blocks import EMPTY, INTERLEAVED, NONE, iota, none_array, sub_index
+from nereus.transition.fast_blocks import (
+    EMPTY,
+    INTERLEAVED,
+    NONE,
+    iota,
+    none_array,
+    row_any,
+    sub_index,
+)
 
 
 def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
@@ -30,9 +38,13 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
         return out, prev
     if donor >= 0 and pool.size == 1:  # the donor alone (the pool is nothing else then)
         out[0], prev[0] = donor, NONE
-        if n_slots > 1:  # read once: then one chain of doubling from the first slot
-            out[1], prev[1] = slots[0], NONE
-            _double(out, prev, slots, 1, 1)
+        if n_slots > 1:  # read once: then the first slot doubles, each Extend j >= 1 reading
+            # its parent j >> 1 (odd j: the slot that parent filled; even j: what it read)
+            j = iota(1, n_slots)
+            odd = j // (j & -j)  # j without its trailing zero bits
+            out[1:] = slots[odd >> 1]
+            prev[1::2] = NONE
+            prev[2::2] = iota(1, 1 + (n_slots - 1) // 2)
         return out, prev
     return _replay(pool, pool_free, slots, blocked, donor, out, prev)
 
@@ -131,22 +143,32 @@ def pick_donor(
     n_free = blocked.size - n_held
     size = held.shape[0]
 
-    def misses(rows: np.ndarray, sel: np.ndarray, count: int) -> np.ndarray:
+    def misses(rows: np.ndarray, held_slots: bool, count: int) -> np.ndarray | bool:
+        """Per row: whether it misses some unfilled slot of the kind (a bool for all rows)."""
         if count > s:
-            return np.ones(rows.shape[0], dtype=bool)
+            return True
         if not count:
-            return np.zeros(rows.shape[0], dtype=bool)
+            return False
         ids = np.full(size, -1, dtype=np.int64)
-        ids[unfilled_rows[sel]] = iota(0, count)[:, None]
-        return _distinct(ids[rows]) < count
+        ids[unfilled_rows[blocked if held_slots else ~blocked]] = iota(0, count)[:, None]
+        out: np.ndarray = _distinct(ids[rows]) < count
+        return out
 
     def key(rows: np.ndarray, kind: int) -> np.ndarray:
         """kind·4 + fit·2 + (no other target needs it); -1: not a candidate."""
         if not rows.shape[0]:
             return EMPTY
-        fit = np.where(misses(rows, ~blocked, n_free), 1,
-                       np.where(misses(rows, blocked, n_held), 0, -1))
-        out: np.ndarray = kind * 4 + fit * 2 + ~others_need[rows].any(1)
+        free = ~row_any(others_need[rows])
+        m_free = misses(rows, False, n_free)
+        if m_free is True:  # fit 1 throughout
+            return free + (kind * 4 + 2)
+        m_held = misses(rows, True, n_held)
+        if m_free is False and m_held is True:  # fit 0 throughout
+            return free + kind * 4
+        if m_free is False and m_held is False:
+            return np.full(rows.shape[0], -1, dtype=np.int64)
+        fit = np.where(m_free, 1, np.where(m_held, 0, -1))
+        out: np.ndarray = kind * 4 + fit * 2 + free
         out[fit < 0] = -1
         return out
 
