@@ -358,15 +358,15 @@ def _plan(
         tab = np.full(size, -1, dtype=np.int64)
         tab[t.rows[:, 0]] = iota(0, t.rows.shape[0])
         hit = tab[s.rows[:, 0]]
-        same = row_all(t.rows[hit] == s.rows)
+        same = row_all(t.rows.take(hit, axis=0) == s.rows)
         same &= hit >= 0
         if not same.any():
             by_src[m], in_place[m], by_tgt[m] = s.rows, s.rows[:0], t.rows
             continue
-        by_src[m], in_place[m] = s.rows[~same], s.rows[same]
+        by_src[m], in_place[m] = s.rows.compress(~same, axis=0), s.rows.compress(same, axis=0)
         matched = np.zeros(t.rows.shape[0], dtype=bool)
         matched[hit[same]] = True
-        by_tgt[m] = t.rows[~matched]
+        by_tgt[m] = t.rows.compress(~matched, axis=0)
     state_of = {m: sizer(m) for m in names}
     rep_of = {m: replicated(m) if replicated is not None else 0 for m in names}
     co_res = capacity is not None and excl.pairs is not None

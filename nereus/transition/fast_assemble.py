@@ -127,12 +127,12 @@ def assemble(
             rows = [r for r, j in enumerate(freeing) if excl.conflicts(names[j], m)]
         if not rows:
             continue
-        sub = rel[rows] if len(rows) < len(freeing) else rel
+        sub = rel.take(rows, axis=0) if len(rows) < len(freeing) else rel
         for blk in loc.blocks:
             if blk.kind != EXTEND:
                 continue
             assert blk.new is not None
-            d = sub[:, blk.new]  # (stages × Extends × GPUs)
+            d = sub.take(blk.new, axis=1)  # (stages × Extends × GPUs)
             has = d >= 0
             got = has.nonzero()
             if got[0].size:

@@ -60,7 +60,7 @@ def _busiest(rows: np.ndarray, tpl: tuple[np.ndarray, np.ndarray, np.ndarray],
     k, size = rows.shape
     if not fa.size:
         return np.zeros(k)
-    t = (nb / np.where(nodes[:, fa] == nodes[:, fb], intra, inter)).reshape(-1)
+    t = (nb / np.where(nodes.take(fa, axis=1) == nodes.take(fb, axis=1), intra, inter)).reshape(-1)
     base = (np.arange(k) * size)[:, None]
     send = np.bincount((base + fa).reshape(-1), weights=t, minlength=k * size)
     recv = np.bincount((base + fb).reshape(-1), weights=t, minlength=k * size)
@@ -116,7 +116,8 @@ def block_durations(blk: Block, state_bytes: int, rep: int, gpn: int, intra: flo
         spread = ~one if sel is None else sel & ~one
         if np.count_nonzero(spread):
             tpl = flow_template(blk.kind, lay.tp, lay.pp, sub.tp, sub.pp, g, state_bytes, rep)
-            out[spread] = setup_s + _busiest(blk.rows[spread], tpl, nodes[spread], intra, inter)
+            out[spread] = setup_s + _busiest(blk.rows.compress(spread, axis=0), tpl,
+                                             nodes.compress(spread, axis=0), intra, inter)
 
 
 def durations(blocks: Sequence[tuple[int, Block, int, int]], n: int, cluster: ClusterSpec

@@ -52,11 +52,11 @@ def _member(q: np.ndarray, tab: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """For each row of ``q`` (…, s): whether it equals a row of ``rows`` (by ``tab``)."""
     if not rows.shape[0]:
         return np.zeros(q.shape[:-1], dtype=bool)
-    ids = tab[q[..., 0]]
+    ids = tab.take(q[..., 0])
     if rows.shape[1] == 1:  # a one-GPU row equals the row starting at its GPU
         out: np.ndarray = ids >= 0
         return out
-    hit = row_all(rows[ids] == q)
+    hit = row_all(rows.take(ids, axis=0) == q)
     hit &= ids >= 0
     return hit
 
@@ -101,16 +101,16 @@ def local_arrays(
         tgt_grp = None
         tgt_contig = False
     else:
-        slots_i = tgts[:, sub_index(lt.tp, lt.pp, st, sp, INTERLEAVED)]
+        slots_i = tgts.take(sub_index(lt.tp, lt.pp, st, sp, INTERLEAVED), axis=1)
         kt = slots_i.shape[1]
         if groupings_differ(lt, t_sub):
-            slots_c = tgts[:, sub_index(lt.tp, lt.pp, st, sp, CONTIGUOUS)]
+            slots_c = tgts.take(sub_index(lt.tp, lt.pp, st, sp, CONTIGUOUS), axis=1)
             tables = []
             if at_sub:
                 tables.append((_first_table(srcs, size), srcs))
             else:
                 for g in (INTERLEAVED, CONTIGUOUS) if s_differ else (INTERLEAVED,):
-                    rows = srcs[:, sub_index(ls.tp, ls.pp, st, sp, g)].reshape(-1, s)
+                    rows = srcs.take(sub_index(ls.tp, ls.pp, st, sp, g), axis=1).reshape(-1, s)
                     tables.append((_first_table(rows, size), rows))
 
             def in_src(q: np.ndarray) -> np.ndarray:
@@ -144,12 +144,12 @@ def local_arrays(
         producer = none_array(nsrc)
     else:
         si = sub_index(ls.tp, ls.pp, st, sp, INTERLEAVED)
-        subs = srcs[:, si]
+        subs = srcs.take(si, axis=1)
         hits = _member(subs, slot_tab, slot_rows)
         grp = None
         src_contig = False
         if s_differ:
-            subs_c = srcs[:, sub_index(ls.tp, ls.pp, st, sp, CONTIGUOUS)]
+            subs_c = srcs.take(sub_index(ls.tp, ls.pp, st, sp, CONTIGUOUS), axis=1)
             hits_c = _member(subs_c, slot_tab, slot_rows)
             grp = (np.add.reduce(hits_c, axis=1) > np.add.reduce(hits, axis=1)).astype(np.int8)
             pick = grp == 1
@@ -162,8 +162,9 @@ def local_arrays(
         if split_n == nsrc:
             srows = srcs
         else:
-            whole = srcs[~split]
-            srows, subs, hits = srcs[split], subs[split], hits[split]
+            whole = srcs.compress(~split, axis=0)
+            srows, subs = srcs.compress(split, axis=0), subs.compress(split, axis=0)
+            hits = hits.compress(split, axis=0)
             if grp is not None:
                 grp = grp[split]
         unit_rows = subs.reshape(-1, s)
@@ -181,7 +182,7 @@ def local_arrays(
     # slots: ids n_base + slot index; a kept slot is the unit already there
     slot_unit = np.arange(n_base, n_base + nslots)
     if kept.size:
-        kept_slot = slot_tab[unit_rows[kept, 0]]
+        kept_slot = slot_tab[unit_rows[:, 0][kept]]
         slot_unit[kept_slot] = kept
     if kept.size == nslots:  # each kept unit is a distinct slot: all slots hold theirs
         unfilled = blocked = EMPTY
@@ -191,7 +192,7 @@ def local_arrays(
         if kept.size:
             unfilled_mask[kept_slot] = False
         unfilled = unfilled_mask.nonzero()[0]
-        blocked = row_any(held[slot_rows[unfilled]])
+        blocked = row_any(held.take(slot_rows.take(unfilled, axis=0)))
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked and n_blocked < unfilled.size:  # free GPUs first (stable)
             unfilled = np.concatenate([unfilled[~blocked], unfilled[blocked]])
@@ -212,7 +213,7 @@ def local_arrays(
         pool = kept
         pool_free = producer[kept] >= 0
         if surplus.size:
-            free_sur = surplus[~row_any(target_gpus[unit_rows[surplus]])]
+            free_sur = surplus[~row_any(target_gpus.take(unit_rows.take(surplus, axis=0)))]
             if free_sur.size:
                 pool = np.concatenate([pool, free_sur])
                 pool_free = np.concatenate([pool_free, np.zeros(free_sur.size, dtype=bool)])
@@ -224,7 +225,7 @@ def local_arrays(
         if not pool.size:
             own = np.zeros(size, dtype=bool)
             own[tgts] = True
-            picked = pick_donor(unit_rows, surplus, whole, slot_rows[unfilled], blocked, held,
+            picked = pick_donor(unit_rows, surplus, whole, slot_rows.take(unfilled, axis=0), blocked, held,
                                  target_gpus & ~own, donor_rank, ls, t_sub)
             if picked is None:
                 return None
@@ -287,7 +288,8 @@ def local_arrays(
         part_of = np.zeros(n_units, dtype=np.int64)
     ext_idx = iota(n, n + n_ext)
     if n_ext:
-        blocks.append(block(EXTEND, n, all_rows[ext_src], t_sub, new=slot_rows[unfilled]))
+        blocks.append(block(EXTEND, n, all_rows.take(ext_src, axis=0), t_sub,
+                            new=slot_rows.take(unfilled, axis=0)))
         all_prod[slot_ids] = ext_idx
         edges.add(all_prod[ext_src], ext_idx, DATA, 0, ext_idx, 0, 0)
         # order: the previous Extend reading the same source
@@ -296,7 +298,7 @@ def local_arrays(
     # Destroys: surplus units (after their producer and readers), then whole units
     if surplus.size:
         d_idx = iota(n, n + surplus.size)
-        rows = all_rows[surplus]
+        rows = all_rows.take(surplus, axis=0)
         blocks.append(block(DESTROY, n, rows, t_sub))
         edges.add(all_prod[surplus], d_idx, DATA, 0, d_idx, 0, 0)
         if readers:
@@ -333,7 +335,7 @@ def local_arrays(
     # local: a GPU an Extend acquires waits for the Destroy of this model-stage that frees it
     # (the staged copy's own Destroy excepted; no other destroyed unit equals a slot)
     if n_ext:
-        rel = loc.release[slot_rows[unfilled]].reshape(-1)  # (Extends × GPUs), flat
+        rel = loc.release.take(slot_rows.take(unfilled, axis=0)).reshape(-1)  # (Extends × GPUs)
         flat = iota(0, n_ext * s)
         own_e = flat // s + ext_idx[0]
         edges.add(rel, own_e, LOCAL, 1, own_e, 0, flat % s)

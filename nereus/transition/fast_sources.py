@@ -150,15 +150,16 @@ def pick_donor(
         if not count:
             return False
         ids = np.full(size, -1, dtype=np.int64)
-        ids[unfilled_rows[blocked if held_slots else ~blocked]] = iota(0, count)[:, None]
-        out: np.ndarray = _distinct(ids[rows]) < count
+        ids[unfilled_rows.compress(blocked if held_slots else ~blocked, axis=0)] = \
+            iota(0, count)[:, None]
+        out: np.ndarray = _distinct(ids.take(rows)) < count
         return out
 
     def key(rows: np.ndarray, kind: int) -> np.ndarray:
         """kind·4 + fit·2 + (no other target needs it); -1: not a candidate."""
         if not rows.shape[0]:
             return EMPTY
-        free = ~row_any(others_need[rows])
+        free = ~row_any(others_need.take(rows))
         m_free = misses(rows, False, n_free)
         if m_free is True:  # fit 1 throughout
             return free + (kind * 4 + 2)
@@ -172,10 +173,10 @@ def pick_donor(
         out[fit < 0] = -1
         return out
 
-    k1 = key(unit_rows[surplus], 1)
+    k1 = key(unit_rows.take(surplus, axis=0), 1)
     if whole.shape[0]:
         wi = sub_index(ls.tp, ls.pp, t_sub.tp, t_sub.pp, INTERLEAVED)
-        k0 = key(whole[:, wi].reshape(-1, s), 0)
+        k0 = key(whole.take(wi, axis=1).reshape(-1, s), 0)
     else:
         k0 = EMPTY
     keys = np.concatenate([k1, k0])
