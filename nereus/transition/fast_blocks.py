@@ -42,7 +42,7 @@ def row_any(flags: np.ndarray) -> np.ndarray:
     if word is None or not flags.flags.c_contiguous:
         out: np.ndarray = np.logical_or.reduce(flags, axis=-1)
         return out
-    return flags.view(word[0]).reshape(flags.shape[:-1]) != 0
+    return flags.view(word[0]).reshape(flags.shape[:-1]).astype(bool)
 
 
 def row_all(flags: np.ndarray) -> np.ndarray:
