@@ -31,7 +31,7 @@ from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
 from nereus.transition.dag import TransitionDag
 from nereus.transition.fast_assemble import BatchedDag, assemble, expand
-from nereus.transition.fast_blocks import EMPTY, LocalArrays, iota, row_all
+from nereus.transition.fast_blocks import EMPTY, LocalArrays, iota, minus_ones, row_all
 from nereus.transition.fast_cost import durations
 from nereus.transition.fast_graph import longest_path
 from nereus.transition.fast_local import destroy_only, local_arrays
@@ -355,7 +355,7 @@ def _plan(
             by_src[m], in_place[m] = s.rows, s.rows[:0]
             by_tgt[m] = t.rows if t is not None else np.zeros((0, 1), dtype=np.int64)
             continue
-        tab = np.full(size, -1, dtype=np.int64)
+        tab = minus_ones(size)
         tab[t.rows[:, 0]] = iota(0, t.rows.shape[0])
         hit = tab[s.rows[:, 0]]
         same = row_all(t.rows.take(hit, axis=0) == s.rows)

@@ -57,10 +57,27 @@ def row_all(flags: np.ndarray) -> np.ndarray:
     return flags.view(word[0]).reshape(flags.shape[:-1]) == word[1]
 
 
+_NONES = np.full(1 << 16, NONE, dtype=np.int64)
+_NONES.flags.writeable = False
+_MINUS = np.full(1 << 16, -1, dtype=np.int64)
+_MINUS.flags.writeable = False
+
+
 def none_array(n: int) -> np.ndarray:
-    """``n`` entries of :data:`NONE`."""
+    """``n`` entries of :data:`NONE` (a new array)."""
+    if n <= _NONES.size:
+        return _NONES[:n].copy()
     out = np.empty(n, dtype=np.int64)
     out.fill(NONE)
+    return out
+
+
+def minus_ones(n: int) -> np.ndarray:
+    """``n`` entries of -1 (a new array)."""
+    if n <= _MINUS.size:
+        return _MINUS[:n].copy()
+    out = np.empty(n, dtype=np.int64)
+    out.fill(-1)
     return out
 
 

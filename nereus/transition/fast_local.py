@@ -30,6 +30,7 @@ from nereus.transition.fast_blocks import (
     LocalArrays,
     block,
     iota,
+    minus_ones,
     new_local,
     none_array,
     row_all,
@@ -42,8 +43,7 @@ from nereus.transition.regions import groupings_differ
 
 def _first_table(rows: np.ndarray, size: int) -> np.ndarray:
     """GPU → index of the row starting at it (rows pairwise disjoint), -1 elsewhere."""
-    tab = np.empty(size, dtype=np.int64)
-    tab.fill(-1)
+    tab = minus_ones(size)
     tab[rows[:, 0]] = iota(0, rows.shape[0])
     return tab
 

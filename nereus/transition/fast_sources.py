@@ -16,6 +16,7 @@ from nereus.transition.fast_blocks import (
     INTERLEAVED,
     NONE,
     iota,
+    minus_ones,
     none_array,
     row_any,
     sub_index,
@@ -149,7 +150,7 @@ def pick_donor(
             return True
         if not count:
             return False
-        ids = np.full(size, -1, dtype=np.int64)
+        ids = minus_ones(size)
         ids[unfilled_rows.compress(blocked if held_slots else ~blocked, axis=0)] = \
             iota(0, count)[:, None]
         out: np.ndarray = _distinct(ids.take(rows)) < count
