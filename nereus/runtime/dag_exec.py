@@ -25,7 +25,7 @@ import torch.distributed as dist
 from nereus.emu import primitives as emu_prims
 from nereus.emu.transfer import plan_transfer
 from nereus.emu.unit import Emu
-from nereus.errors import TransitionError
+from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.primitives import Executor
 from nereus.runtime.state import FIELDS, UnitState
 from nereus.spec.job import Setup
@@ -116,7 +116,13 @@ class RankDagExecutor:
         for name, recs in by_stage.items():
             ex = self.executors[name]
             before = dict(ex.units)
-            ex.concurrent([r for _, r in recs])
+            try:
+                ex.concurrent([r for _, r in recs])
+            except (CommunicationError, TransitionError) as e:
+                # where this rank was: on a hang every rank reports its own wave (the first
+                # failure is not always the cause: a peer may be a wave ahead or behind)
+                raise type(e)(f"wave {self.run.waves}, {name} primitives "
+                              f"{[i for i, _ in recs]}: {e}") from e
             self.dropped += [st for e, st in before.items() if e not in ex.units]
             for i, rec in recs:
                 self._account(i, rec)
