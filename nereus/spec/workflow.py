@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 
 class Stage(str, Enum):
@@ -74,11 +75,22 @@ class Workflow:
 
     def concurrent(self, a: str, b: str) -> bool:
         """True when ``a`` and ``b`` run at the same time and so need disjoint GPUs."""
+        got = self._concurrency.get((a, b))
+        return self._concurrent(a, b) if got is None else got
+
+    def _concurrent(self, a: str, b: str) -> bool:
         if a == b:
             return False
         if self.lane_of(a) != self.lane_of(b):
             return True
         return any(a in phase and b in phase for phase in self.phases())
+
+    @cached_property
+    def _concurrency(self) -> dict[tuple[str, str], bool]:
+        """:meth:`concurrent` of every pair of the lanes' model-stages (asked per pair of
+        model-stages each time a transition is planned)."""
+        names = {m for phase in self.phases() for m in phase}
+        return {(a, b): self._concurrent(a, b) for a in names for b in names}
 
     def shares_state(self, a: str, b: str) -> bool:
         return self.by_name(a).state == self.by_name(b).state
