@@ -7,10 +7,12 @@ shifting so that model-stages take over each other's GPUs) and "co-resident" (as
 places a synchronous workflow: each phase — gen, inf, train — spans the whole pool, model-stages
 of one phase on disjoint GPUs, phases sharing GPUs; the conflict relation is
 ``Workflow.concurrent``). Ours = what the controller runs per replan (``planner_port.plan_dag``):
-``plan_plans`` from the two plans (reading their replica tuples included) + ``cost_s``, the
-batched path of :mod:`nereus.transition.fast` (median of repeats, wall and CPU time, and the best
-CPU time: on a loaded machine the least disturbed run). Timed apart: expanding to the
-per-primitive DAG (only for the transition that is executed), the reference compiler
+``plan_plans`` from the two plans + ``cost_s``, the batched path of :mod:`nereus.transition.fast`
+(median of repeats, wall and CPU time, and the best CPU time: on a loaded machine the least
+disturbed run). Each repeat plans to a new target plan object, whose replica tuples are read in
+the timed call; the current plan is one object throughout, as the controller's is between
+transitions (it adopts the admitted target object, whose replica matrices were read when it was
+planned). Timed apart: expanding to the per-primitive DAG (only for the transition that is executed), the reference compiler
 (``compile_transition`` + ``transition_cost_s`` on prebuilt units) in the same minutes, and
 validation (exhaustive over interleavings, run in tests); ``same`` checks the expanded DAG and
 L̂_tran against the reference's. The exact scheduler is a time-capped MILP over the same
