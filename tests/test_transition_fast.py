@@ -295,3 +295,23 @@ def test_a_lone_donor_reads_as_the_round_replay(blocked: list[bool], donor: int,
     got = heap_rounds(*args, donor)
     want = _replay(*args, donor, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64))
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.integers(1, 60), st.integers(0, 20))
+def test_a_pool_that_fills_every_slot_reads_as_the_round_replay(data: st.DataObject, n: int,
+                                                                more: int) -> None:
+    """The shortcut for a pool at least as large as the slots gives the replay's order."""
+    import numpy as np
+
+    from nereus.transition.fast_sources import _replay, heap_rounds
+
+    k = n + more
+    pool = np.array(data.draw(st.permutations(range(1000)))[:k])
+    free = np.array(data.draw(st.lists(st.booleans(), min_size=k, max_size=k)))
+    blocked = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    slots = np.arange(2000, 2000 + n)
+    got = heap_rounds(pool, free, slots, blocked, -1)
+    want = _replay(pool, free, slots, blocked, -1, np.empty(n, dtype=np.int64),
+                   np.empty(n, dtype=np.int64))
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

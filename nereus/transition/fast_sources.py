@@ -47,6 +47,10 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
             prev[1::2] = NONE
             prev[2::2] = iota(1, 1 + (n_slots - 1) // 2)
         return out, prev
+    if pool.size >= n_slots:  # the pool alone fills every slot: rounds 0 and 1, nothing read twice
+        out[:] = np.concatenate([pool[~pool_free], pool[pool_free]])[:n_slots]
+        prev.fill(NONE)
+        return out, prev
     return _replay(pool, pool_free, slots, blocked, donor, out, prev)
 
 
