@@ -307,7 +307,8 @@ def test_a_pool_that_fills_every_slot_reads_as_the_round_replay(data: st.DataObj
     from nereus.transition.fast_sources import _replay, heap_rounds
 
     k = n + more
-    pool = np.array(data.draw(st.permutations(range(1000)))[:k])
+    pool = np.array(data.draw(st.lists(st.integers(0, 999), min_size=k, max_size=k,
+                                       unique=True)))
     free = np.array(data.draw(st.lists(st.booleans(), min_size=k, max_size=k)))
     blocked = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     slots = np.arange(2000, 2000 + n)
