@@ -9,7 +9,6 @@ from nereus.emu.unit import Emu, Layout
 from nereus.transition.fast_blocks import (
     CONTIGUOUS,
     DESTROY,
-    EDGE_CODES,
     EXTEND,
     MERGE,
     SPLIT,
@@ -82,8 +81,3 @@ def local_edge_arrays(loc: LocalArrays) -> tuple[np.ndarray, np.ndarray, np.ndar
     perm = np.argsort(key, kind="stable")
     return a[perm], b[perm], kind[perm]
 
-
-def local_edges(loc: LocalArrays) -> list[tuple[int, int, str]]:
-    a, b, k = local_edge_arrays(loc)
-    return [(x, y, EDGE_CODES[z]) for x, y, z in zip(a.tolist(), b.tolist(), k.tolist(),
-                                                     strict=True)]

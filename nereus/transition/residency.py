@@ -28,11 +28,6 @@ ConflictSpec = Conflicts | frozenset[tuple[str, str]] | None
 MAX_STAGES_ENUMERATED = 16  # maximal independent sets are enumerated by subsets below this
 
 
-def all_conflict(a: str, b: str) -> bool:
-    """The default relation: every two distinct model-stages run concurrently."""
-    return a != b
-
-
 @dataclass(frozen=True)
 class Exclusion:
     """The conflict relation over ``names``; ``pairs`` None means every distinct pair conflicts."""
