@@ -80,4 +80,3 @@ def local_edge_arrays(loc: LocalArrays) -> tuple[np.ndarray, np.ndarray, np.ndar
     a, b, kind, key = a[keep], b[keep], kind[keep], key[keep]
     perm = np.argsort(key, kind="stable")
     return a[perm], b[perm], kind[perm]
-
