@@ -142,8 +142,10 @@ def handler(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:
         summary_path = os.path.join(tmp, "summary.json")
         deadline = time.monotonic() + args.timeout_s
-        code, rank_error = _launch(args, rc, log, hosts, tmp, summary_path, deadline, {})
+        env: dict[str, str] = {}
+        code, rank_error, said = _launch(args, rc, log, hosts, tmp, summary_path, deadline, env)
         attempt, segment, names = 0, log, _node_names(setup)
+        segments = [log]
         while code != 0:
             from nereus.runtime.relaunch import runtime_died
             from nereus.runtime.worker import EXIT_CONFIG, EXIT_INFEASIBLE
@@ -151,35 +153,42 @@ def handler(args: argparse.Namespace) -> int:
             if code in (EXIT_CONFIG, EXIT_INFEASIBLE):
                 return code  # the worker printed the agreed one-line error
             rank_error = rank_error or _rank_error_file(tmp)
+            exit_text = f"mpiexec exit {code}" + (f": {said}" if said else "")
             if not runtime_died(code, rank_error, (EXIT_CONFIG, EXIT_INFEASIBLE)) \
                     or attempt >= rc.failures.relaunch:
-                detail = rank_error or f"mpiexec exited with status {code}"
+                detail = rank_error or f"mpiexec exited with status {code}" + (
+                    f" ({said})" if said else "")
                 raise LaunchError(f"rank failure: {detail}")
             attempt += 1
-            rc, setup, segment, hosts, names, env = _relaunch_setup(
-                args, rc, setup, log, segment, hosts, names, attempt, code, tmp)
-            code, rank_error = _launch(args, rc, segment, hosts, tmp, summary_path, deadline,
-                                       env)
+            if not os.path.exists(segment):
+                # no rank got as far as the run log: nothing ran, so the same launch again
+                print(f"nereus: the MPI runtime died before the ranks started ({exit_text}); "
+                      f"launch again {attempt}/{rc.failures.relaunch}", file=sys.stderr,
+                      flush=True)
+            else:
+                rc, setup, segment, hosts, names, env = _relaunch_setup(
+                    args, rc, setup, log, segment, hosts, names, attempt, exit_text, tmp)
+                segments.append(segment)
+            code, rank_error, said = _launch(args, rc, segment, hosts, tmp, summary_path,
+                                             deadline, env)
         if args.json:
             with open(summary_path, encoding="utf-8") as fh:
-                extra = {"relaunches": attempt, "log_segments": [log] + [
-                    segment_name for segment_name in _segments(log, attempt)]}
+                extra = {"relaunches": attempt, "log_segments": segments}
                 print(json.dumps({"log": segment, **json.load(fh), **extra}))
         else:
             print(f"log: {segment}  (read it with: nereus report {segment})")
     return 0
 
 
-def _segments(log: str, attempts: int) -> list[str]:
-    from nereus.runtime.relaunch import segment_log
-
-    return [segment_log(log, k) for k in range(1, attempts + 1)]
-
-
 def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...], tmp: str,
-            summary_path: str, deadline: float, env_extra: dict[str, str]) -> tuple[int, str]:
-    """Start the ranks with mpiexec and wait: (mpiexec's exit status, the first rank error)."""
+            summary_path: str, deadline: float, env_extra: dict[str, str]
+            ) -> tuple[int, str, str]:
+    """Start the ranks with mpiexec and wait: (mpiexec's exit status, the first rank error,
+    what mpiexec itself said last on stderr — :func:`relaunch.mpiexec_reason`)."""
+    from collections import deque
+
     from nereus.cluster.env import watch_variables
+    from nereus.runtime.relaunch import mpiexec_reason
     from nereus.runtime.worker import ERROR_MARK
 
     for name in os.listdir(tmp):  # a previous attempt's rank errors
@@ -200,13 +209,16 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
     proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     rank_error = ""
+    said: deque[str] = deque(maxlen=60)  # mpiexec's own lines (its error boxes)
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
-            if line.startswith(ERROR_MARK) and not rank_error:
-                rank_error = line[len(ERROR_MARK):].strip()
+            if line.startswith(ERROR_MARK):
+                rank_error = rank_error or line[len(ERROR_MARK):].strip()
             elif line.startswith("nereus: "):
                 print(line.rstrip(), file=sys.stderr)
+            else:
+                said.append(line)
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(argv, args.timeout_s)
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -219,7 +231,7 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
         raise
     if code != 0:
         _kill(proc)  # whatever the dead runtime left behind in the job's session
-    return code, rank_error
+    return code, rank_error, mpiexec_reason(list(said)) if code != 0 else ""
 
 
 def _node_names(setup: Any) -> tuple[str, ...]:
@@ -234,9 +246,9 @@ def _node_names(setup: Any) -> tuple[str, ...]:
 
 
 def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: str, log: str,
-                    hosts: tuple[str, ...], names: tuple[str, ...], attempt: int, code: int,
-                    tmp: str) -> tuple[Any, Any, str, tuple[str, ...], tuple[str, ...],
-                                       dict[str, str]]:
+                    hosts: tuple[str, ...], names: tuple[str, ...], attempt: int,
+                    exit_text: str, tmp: str) -> tuple[Any, Any, str, tuple[str, ...],
+                                                       tuple[str, ...], dict[str, str]]:
     """After the MPI runtime died: the survivors, a config for them and the next log segment
     (``names``: the current run's nodes, as :func:`_node_names` gave them)."""
     import yaml
@@ -271,7 +283,7 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
     ckpt = os.path.abspath(checkpoint_dir(first_log, rc.failures.checkpoint_dir))
     step = newest_step(ckpt)
     lost = [names[i] for i in range(n_nodes) if i not in survivors]
-    why = f"the MPI runtime died (mpiexec exit {code}); nodes lost: {', '.join(lost) or 'none'}"
+    why = f"the MPI runtime died ({exit_text}); nodes lost: {', '.join(lost) or 'none'}"
     if step is None:
         raise LaunchError(f"rank failure: {why}; no checkpoint in {ckpt} to relaunch from")
     if not survivors:

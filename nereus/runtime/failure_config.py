@@ -9,8 +9,9 @@ every rank of virtual node n kills itself with SIGKILL ``after_s`` seconds into 
 plan change after step k — real process deaths at chosen moments, for tests and benchmarks; with
 ``runtime: true`` the dying ranks take the MPI runtime down with them, as when Open MPI loses the
 daemon of a dead node and ends the whole job), ``relaunch`` (how many times ``nereus run`` starts
-the job again on the surviving nodes from the newest checkpoint when the MPI runtime itself died;
-default 1 when ``checkpoint_every`` > 0, else 0; > 0 needs ``checkpoint_every`` > 0),
+the job again on the surviving nodes from the newest checkpoint when the MPI runtime itself died,
+or on the same nodes when it died before any rank wrote the run log; default 1 when
+``checkpoint_every`` > 0, else 0; > 0 needs ``checkpoint_every`` > 0),
 ``relaunch_wait_s`` (under Slurm, how long the launcher waits for the scheduler to report the
 failed node before relaunching on every node of the step; default 60).
 """

@@ -36,6 +36,30 @@ def runtime_died(exit_code: int, rank_error: str, agreed_codes: Sequence[int]) -
     return exit_code != 0 and exit_code not in agreed_codes and not rank_error
 
 
+def mpiexec_reason(lines: Sequence[str]) -> str:
+    """What mpiexec said about its end, on one line: the first paragraph of the last boxed
+    message (Open MPI frames its errors with rules of dashes), else its last line; "" when it
+    said nothing."""
+    text = [ln.strip() for ln in lines]
+
+    def rule(ln: str) -> bool:
+        return len(ln) >= 10 and set(ln) <= {"-", "="}
+
+    rules = [i for i, ln in enumerate(text) if rule(ln)]
+    if len(rules) >= 2:
+        para: list[str] = []
+        for ln in text[rules[-2] + 1:rules[-1]]:
+            if ln:
+                para.append(ln)
+            elif para:
+                break
+        out = " ".join(para)
+    else:
+        rest = [ln for ln in text if ln and not rule(ln)]
+        out = rest[-1] if rest else ""
+    return out if len(out) <= 300 else out[:297] + "..."
+
+
 def segment_log(log: str, attempt: int) -> str:
     """The run log of relaunch ``attempt`` (1, 2, …) beside the first one."""
     stem = log[:-3] if log.endswith(".h5") else log

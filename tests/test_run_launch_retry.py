@@ -1,0 +1,102 @@
+"""Tier 1 (no MPI job): what ``nereus run`` does when mpiexec itself dies.
+
+The launch is replaced here (a real PRRTE cannot be made to lose a daemon on demand); the
+decisions around it are ``nereus run``'s own: a runtime that died before any rank wrote the run
+log is launched again (nothing ran; the relaunch budget counts it), and every error line says
+what mpiexec said (the first paragraph of its last error box)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nereus.cli import build_parser
+from nereus.commands import run as run_cmd
+from nereus.runtime.relaunch import mpiexec_reason
+
+pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None,
+                                reason="nereus run checks for mpiexec before launching")
+LOST = """[n1:01234] PRTE ERROR: Unreachable in file plm_base_launch_support.c
+--------------------------------------------------------------------------
+PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-n1-4321@0,0] on node n1
+  Remote daemon: [prterun-n1-4321@0,1] on node n2
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+--------------------------------------------------------------------------
+"""
+KILLED = """--------------------------------------------------------------------------
+prterun noticed that process rank 2 with PID 0 on node n3 exited on
+signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+JOB = """job: {algorithm: ppo, mode: sync, global_batch: 12, minibatches: 2, prompt_len: 8,
+      gen_len: 16, reward_model: false}
+models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt}
+cluster: {nodes: 2, gpus_per_node: 1, gpu: cpu, memory_per_gpu_gb: 0.5}
+"""
+
+
+def test_mpiexec_reason_is_the_first_paragraph_of_its_last_box() -> None:
+    assert mpiexec_reason(LOST.splitlines()) == ("PRTE has lost communication with a remote "
+                                                 "daemon.")
+    assert mpiexec_reason((LOST + KILLED).splitlines()) == (
+        "prterun noticed that process rank 2 with PID 0 on node n3 exited on signal 9 "
+        "(Killed).")
+    assert mpiexec_reason(["warming up", "bind: address in use"]) == "bind: address in use"
+    assert mpiexec_reason([]) == ""
+
+
+def _args(tmp: Path, runtime: str) -> argparse.Namespace:
+    cfg = tmp / "job.yaml"
+    cfg.write_text(JOB + f"runtime: {{steps: 1, {runtime}}}\n")
+    return build_parser().parse_args(["run", str(cfg), "--log", str(tmp / "run.h5")])
+
+
+def _fake_launches(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[int, str, bool]]
+                   ) -> list[str]:
+    """Each launch in turn: (exit status, what mpiexec said, whether the ranks wrote the log)."""
+    logs: list[str] = []
+
+    def launch(args: Any, rc: Any, log: str, *rest: Any) -> tuple[int, str, str]:
+        code, said, wrote = outcomes[len(logs)]
+        logs.append(log)
+        if wrote:
+            Path(log).write_bytes(b"")
+        return code, "", said
+
+    monkeypatch.setattr(run_cmd, "_launch", launch)
+    return logs
+
+
+def test_a_runtime_that_died_before_the_ranks_started_is_launched_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _args(tmp_path, "failures: {checkpoint_every: 1, relaunch: 1}")
+    said = mpiexec_reason(LOST.splitlines())
+    logs = _fake_launches(monkeypatch, [(213, said, False), (0, "", True)])
+    assert run_cmd.handler(args) == 0
+    assert logs == [str(tmp_path / "run.h5")] * 2  # the same log: nothing had been written
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["nereus: the MPI runtime died before the ranks started (mpiexec exit 213: "
+                   "PRTE has lost communication with a remote daemon.); launch again 1/1"]
+
+
+def test_without_a_relaunch_left_the_error_says_what_mpiexec_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _args(tmp_path, "failures: {relaunch: 0}")
+    said = mpiexec_reason(LOST.splitlines())
+    logs = _fake_launches(monkeypatch, [(213, said, False)])
+    with pytest.raises(run_cmd.LaunchError) as err:
+        run_cmd.handler(args)
+    assert len(logs) == 1
+    assert str(err.value) == ("rank failure: mpiexec exited with status 213 (PRTE has lost "
+                              "communication with a remote daemon.)")
