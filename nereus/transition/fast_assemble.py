@@ -172,7 +172,8 @@ def _emus_of(units: tuple[Emu, ...] | tuple[tuple[str, str, Layout, np.ndarray],
     return tuple(out)
 
 
-def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ...]]]:
+def expand(b: BatchedDag) -> TransitionDag:
+    """The per-primitive DAG (what :func:`compile.compile_transition` returns)."""
     sizes = b.sizes
     prims = []
     edges: list[tuple[int, int, str]] = []
@@ -197,10 +198,4 @@ def _records_and_edges(b: BatchedDag) -> tuple[TransitionDag, list[tuple[int, ..
                         tuple(order), b.t_sub, b.conflicts, b.state_bytes, b.replicated_bytes)
     if extra:
         dag = replace(dag, edges=dag.edges + extra)
-    return dag, []
-
-
-def expand(b: BatchedDag) -> TransitionDag:
-    """The per-primitive DAG (what :func:`compile.compile_transition` returns)."""
-    dag, _ = _records_and_edges(b)
     return dag

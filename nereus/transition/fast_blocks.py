@@ -33,28 +33,35 @@ def iota(lo: int, hi: int) -> np.ndarray:
 _WORDS = {k: (np.dtype(f"u{k}"), np.array(int("01" * k, 16), dtype=f"u{k}")) for k in (2, 4, 8)}
 
 
+def _words(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each row of boolean ``flags`` (2, 4 or 8 wide, contiguous) as one unsigned word, and the
+    word of an all-true row; None for other rows."""
+    word = _WORDS.get(flags.shape[-1])
+    if word is None or not flags.flags.c_contiguous:
+        return None
+    return flags.view(word[0]).reshape(flags.shape[:-1]), word[1]
+
+
 def row_any(flags: np.ndarray) -> np.ndarray:
     """``flags.any(-1)`` for boolean ``flags`` (cheaper for rows of 1, 2, 4 or 8)."""
-    k = flags.shape[-1]
-    if k == 1:
+    if flags.shape[-1] == 1:
         return flags[..., 0]
-    word = _WORDS.get(k)
-    if word is None or not flags.flags.c_contiguous:
+    got = _words(flags)
+    if got is None:
         out: np.ndarray = np.logical_or.reduce(flags, axis=-1)
         return out
-    return flags.view(word[0]).reshape(flags.shape[:-1]).astype(bool)
+    return got[0].astype(bool)
 
 
 def row_all(flags: np.ndarray) -> np.ndarray:
     """``flags.all(-1)`` for boolean ``flags`` (cheaper for rows of 1, 2, 4 or 8)."""
-    k = flags.shape[-1]
-    if k == 1:
+    if flags.shape[-1] == 1:
         return flags[..., 0]
-    word = _WORDS.get(k)
-    if word is None or not flags.flags.c_contiguous:
+    got = _words(flags)
+    if got is None:
         out: np.ndarray = np.logical_and.reduce(flags, axis=-1)
         return out
-    return flags.view(word[0]).reshape(flags.shape[:-1]) == word[1]
+    return got[0] == got[1]
 
 
 _NONES = np.full(1 << 16, NONE, dtype=np.int64)
@@ -63,22 +70,23 @@ _MINUS = np.full(1 << 16, -1, dtype=np.int64)
 _MINUS.flags.writeable = False
 
 
+def _filled(template: np.ndarray, n: int) -> np.ndarray:
+    """A new array of ``n`` entries of ``template``'s value (a copy of its prefix)."""
+    if n <= template.size:
+        return template[:n].copy()
+    out = np.empty(n, dtype=np.int64)
+    out.fill(template[0])
+    return out
+
+
 def none_array(n: int) -> np.ndarray:
     """``n`` entries of :data:`NONE` (a new array)."""
-    if n <= _NONES.size:
-        return _NONES[:n].copy()
-    out = np.empty(n, dtype=np.int64)
-    out.fill(NONE)
-    return out
+    return _filled(_NONES, n)
 
 
 def minus_ones(n: int) -> np.ndarray:
     """``n`` entries of -1 (a new array)."""
-    if n <= _MINUS.size:
-        return _MINUS[:n].copy()
-    out = np.empty(n, dtype=np.int64)
-    out.fill(-1)
-    return out
+    return _filled(_MINUS, n)
 
 
 @dataclass(frozen=True)

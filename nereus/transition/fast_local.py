@@ -186,6 +186,7 @@ def local_arrays(
         slot_unit[kept_slot] = kept
     if kept.size == nslots:  # each kept unit is a distinct slot: all slots hold theirs
         unfilled = blocked = EMPTY
+        unfilled_rows = slot_rows[:0]
     else:
         unfilled_mask = np.empty(nslots, dtype=bool)
         unfilled_mask.fill(True)
@@ -198,6 +199,7 @@ def local_arrays(
             unfilled = np.concatenate([unfilled[~blocked], unfilled[blocked]])
             blocked = np.concatenate([np.zeros(unfilled.size - n_blocked, dtype=bool),
                                       np.ones(n_blocked, dtype=bool)])
+        unfilled_rows = slot_rows.take(unfilled, axis=0)  # the GPUs each Extend fills, in order
     loc = new_local(stage, state, blocks, n, none_array(size), t_sub)
     edges = loc.edges
     donor = -1
@@ -225,7 +227,7 @@ def local_arrays(
         if not pool.size:
             own = np.zeros(size, dtype=bool)
             own[tgts] = True
-            picked = pick_donor(unit_rows, surplus, whole, slot_rows.take(unfilled, axis=0), blocked, held,
+            picked = pick_donor(unit_rows, surplus, whole, unfilled_rows, blocked, held,
                                  target_gpus & ~own, donor_rank, ls, t_sub)
             if picked is None:
                 return None
@@ -272,7 +274,7 @@ def local_arrays(
         all_rows = np.concatenate(rows_parts)
         all_prod = np.concatenate(prod_parts)
         if donor >= 0 and staged < 0 and not \
-                set(all_rows[donor].tolist()).isdisjoint(slot_rows[unfilled[0]].tolist()):
+                set(all_rows[donor].tolist()).isdisjoint(unfilled_rows[0].tolist()):
             return None  # the donor (the heap's only item) overlaps the first slot
         if load is not None and pool.size > 1:
             perm = np.lexsort((load[all_rows[pool]].max(1), pool_free))
@@ -288,8 +290,7 @@ def local_arrays(
         part_of = np.zeros(n_units, dtype=np.int64)
     ext_idx = iota(n, n + n_ext)
     if n_ext:
-        blocks.append(block(EXTEND, n, all_rows.take(ext_src, axis=0), t_sub,
-                            new=slot_rows.take(unfilled, axis=0)))
+        blocks.append(block(EXTEND, n, all_rows.take(ext_src, axis=0), t_sub, new=unfilled_rows))
         all_prod[slot_ids] = ext_idx
         edges.add(all_prod[ext_src], ext_idx, DATA, 0, ext_idx, 0, 0)
         # order: the previous Extend reading the same source
@@ -335,7 +336,7 @@ def local_arrays(
     # local: a GPU an Extend acquires waits for the Destroy of this model-stage that frees it
     # (the staged copy's own Destroy excepted; no other destroyed unit equals a slot)
     if n_ext:
-        rel = loc.release.take(slot_rows.take(unfilled, axis=0)).reshape(-1)  # (Extends × GPUs)
+        rel = loc.release.take(unfilled_rows).reshape(-1)  # (Extends × GPUs), flat
         flat = iota(0, n_ext * s)
         own_e = flat // s + ext_idx[0]
         edges.add(rel, own_e, LOCAL, 1, own_e, 0, flat % s)

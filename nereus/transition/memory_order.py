@@ -19,9 +19,10 @@ model-stage before any Extend) made primitives wait on work far down other model
 and ordering only the phases that can meet above capacity (:mod:`phases`, exact per GPU) is a
 sequential search per GPU. On the benchmark's co-resident plans (Llama-3.1-8B PPO, 32-1,024 H200
 GPUs) the batches give a 10-25% shorter critical path than the phase ordering (11-28% than the
-priority-order chains), computed on arrays for all GPUs at once (:mod:`fast_memory_order`). Where one primitive alone does not fit after the batches
-before it, the compiler falls back to the phase ordering and, where that does not converge, to
-chains in priority order (:func:`compile._chain_gpus`).
+priority-order chains), computed on arrays for all GPUs at once (:mod:`fast_memory_order`).
+Where one primitive alone does not fit after the batches before it, the compiler falls back to
+the phase ordering and, where that does not converge, to chains in priority order
+(:func:`compile._chain_gpus`).
 """
 
 from __future__ import annotations
