@@ -122,6 +122,7 @@ def test_random_node_deaths_inside_a_slurm_allocation(slurm_cluster: LocalSlurm,
         ended_at = float((tmp_path / f"{name}.end").read_text())
         where = (name, node, step, phase, after_s, res.stderr[-2000:])
         out = summary(res)
+        assert out["relaunches"] == 0, where  # ULFM survives a node's ranks: no relaunch
         same_training(ref, out, xref, np.load(tmp_path / f"{name}.npz"))
         events = failure_events(tmp_path / f"{name}.h5")
         if not (tmp_path / f"{name}.h5.kills").exists():

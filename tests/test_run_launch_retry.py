@@ -2,8 +2,9 @@
 
 The launch is replaced here (a real PRRTE cannot be made to lose a daemon on demand); the
 decisions around it are ``nereus run``'s own: a runtime that died before any rank wrote the run
-log is launched again (nothing ran; the relaunch budget counts it), and every error line says
-what mpiexec said (the first paragraph of its last error box)."""
+log is launched again on the same nodes and log (nothing ran; ``runtime.failures.launch_retries``
+counts it, apart from the checkpoint relaunches), and every error line says what mpiexec said
+(the first paragraph of its last error box)."""
 
 from __future__ import annotations
 
@@ -77,26 +78,56 @@ def _fake_launches(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[int, st
     return logs
 
 
+LISTENER = ("The PMIx server's listener thread failed to start. We cannot continue.")
+
+
 def test_a_runtime_that_died_before_the_ranks_started_is_launched_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = _args(tmp_path, "failures: {checkpoint_every: 1, relaunch: 1}")
-    said = mpiexec_reason(LOST.splitlines())
-    logs = _fake_launches(monkeypatch, [(213, said, False), (0, "", True)])
+    args = _args(tmp_path, "adapt: false")  # no failures section: no checkpoint, no relaunch
+    logs = _fake_launches(monkeypatch, [(213, LISTENER, False), (213, LISTENER, False),
+                                        (0, "", True)])
     assert run_cmd.handler(args) == 0
-    assert logs == [str(tmp_path / "run.h5")] * 2  # the same log: nothing had been written
+    assert logs == [str(tmp_path / "run.h5")] * 3  # the same log: nothing had been written
     err = capsys.readouterr().err.splitlines()
-    assert err == ["nereus: the MPI runtime died before the ranks started (mpiexec exit 213: "
-                   "PRTE has lost communication with a remote daemon.); launch again 1/1"]
+    assert err == [f"nereus: the MPI runtime died before the ranks started (mpiexec exit 213: "
+                   f"{LISTENER}); launch again {k}/2" for k in (1, 2)]
 
 
-def test_without_a_relaunch_left_the_error_says_what_mpiexec_said(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    args = _args(tmp_path, "failures: {relaunch: 0}")
+def test_start_up_retries_are_counted_apart_from_checkpoint_relaunches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A start-up death, then a death mid-run (the log written): the one relaunch is still there
+    for it, and is tried (it needs a checkpoint, which this run has not written: one error)."""
+    args = _args(tmp_path, "failures: {checkpoint_every: 1, relaunch: 1, launch_retries: 1}")
     said = mpiexec_reason(LOST.splitlines())
-    logs = _fake_launches(monkeypatch, [(213, said, False)])
+    logs = _fake_launches(monkeypatch, [(213, LISTENER, False), (1, said, True)])
     with pytest.raises(run_cmd.LaunchError) as err:
         run_cmd.handler(args)
-    assert len(logs) == 1
+    assert len(logs) == 2
+    assert "launch again 1/1" in capsys.readouterr().err
+    assert str(err.value).startswith("rank failure: the MPI runtime died (mpiexec exit 1: PRTE "
+                                     "has lost communication with a remote daemon.); nodes lost")
+    assert "no checkpoint in" in str(err.value)
+
+
+def test_without_a_retry_left_the_error_says_what_mpiexec_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _args(tmp_path, "failures: {launch_retries: 1}")
+    said = mpiexec_reason(LOST.splitlines())
+    logs = _fake_launches(monkeypatch, [(213, said, False), (213, said, False)])
+    with pytest.raises(run_cmd.LaunchError) as err:
+        run_cmd.handler(args)
+    assert len(logs) == 2
     assert str(err.value) == ("rank failure: mpiexec exited with status 213 (PRTE has lost "
                               "communication with a remote daemon.)")
+
+
+def test_launch_retries_is_checked(tmp_path: Path) -> None:
+    from nereus.errors import ConfigError
+    from nereus.runtime.failure_config import parse_failures
+
+    with pytest.raises(ConfigError) as err:
+        parse_failures({"launch_retries": -1}, nodes=2, steps=1)
+    assert "runtime.failures.launch_retries" in str(err.value)
+    assert parse_failures(None, nodes=2, steps=1).launch_retries == 2

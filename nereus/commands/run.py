@@ -144,7 +144,7 @@ def handler(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout_s
         env: dict[str, str] = {}
         code, rank_error, said = _launch(args, rc, log, hosts, tmp, summary_path, deadline, env)
-        attempt, segment, names = 0, log, _node_names(setup)
+        attempt, retries, segment, names = 0, 0, log, _node_names(setup)
         segments = [log]
         while code != 0:
             from nereus.runtime.relaunch import runtime_died
@@ -154,18 +154,21 @@ def handler(args: argparse.Namespace) -> int:
                 return code  # the worker printed the agreed one-line error
             rank_error = rank_error or _rank_error_file(tmp)
             exit_text = f"mpiexec exit {code}" + (f": {said}" if said else "")
-            if not runtime_died(code, rank_error, (EXIT_CONFIG, EXIT_INFEASIBLE)) \
-                    or attempt >= rc.failures.relaunch:
+            died = runtime_died(code, rank_error, (EXIT_CONFIG, EXIT_INFEASIBLE))
+            # no rank got as far as the run log: nothing ran, so the same launch again
+            at_start = died and not os.path.exists(segment)
+            if not died or (at_start and retries >= rc.failures.launch_retries) \
+                    or (not at_start and attempt >= rc.failures.relaunch):
                 detail = rank_error or f"mpiexec exited with status {code}" + (
                     f" ({said})" if said else "")
                 raise LaunchError(f"rank failure: {detail}")
-            attempt += 1
-            if not os.path.exists(segment):
-                # no rank got as far as the run log: nothing ran, so the same launch again
+            if at_start:
+                retries += 1
                 print(f"nereus: the MPI runtime died before the ranks started ({exit_text}); "
-                      f"launch again {attempt}/{rc.failures.relaunch}", file=sys.stderr,
+                      f"launch again {retries}/{rc.failures.launch_retries}", file=sys.stderr,
                       flush=True)
             else:
+                attempt += 1
                 rc, setup, segment, hosts, names, env = _relaunch_setup(
                     args, rc, setup, log, segment, hosts, names, attempt, exit_text, tmp)
                 segments.append(segment)
@@ -173,7 +176,8 @@ def handler(args: argparse.Namespace) -> int:
                                              deadline, env)
         if args.json:
             with open(summary_path, encoding="utf-8") as fh:
-                extra = {"relaunches": attempt, "log_segments": segments}
+                extra = {"relaunches": attempt, "launch_retries": retries,
+                         "log_segments": segments}
                 print(json.dumps({"log": segment, **json.load(fh), **extra}))
         else:
             print(f"log: {segment}  (read it with: nereus report {segment})")
@@ -205,6 +209,15 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
         env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
         env.update(watch_variables(os.environ))  # rank 0 still watches the allocation
     env.update(env_extra)
+    # Open MPI's session directory (ompi.<mpiexec pid>, holding the PMIx server's rendezvous
+    # sockets) in a new folder of this run's temporary directory: a runtime that was killed
+    # leaves its session behind, and a later mpiexec that draws the same pid (pids wrap at
+    # 32768 on many machines) then cannot bind its rendezvous and dies at start-up with exit
+    # 213 ("The PMIx server's listener thread failed to start"). The folder goes with the run
+    # (remote daemons create the same path on their hosts, where an empty folder stays). A base
+    # the user set is kept.
+    if "PRTE_MCA_prte_tmpdir_base" not in os.environ:
+        env["PRTE_MCA_prte_tmpdir_base"] = tempfile.mkdtemp(prefix="mpi-", dir=tmp)
     stdout = sys.stderr if args.json else None
     proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)

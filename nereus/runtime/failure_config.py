@@ -9,11 +9,13 @@ every rank of virtual node n kills itself with SIGKILL ``after_s`` seconds into 
 plan change after step k — real process deaths at chosen moments, for tests and benchmarks; with
 ``runtime: true`` the dying ranks take the MPI runtime down with them, as when Open MPI loses the
 daemon of a dead node and ends the whole job), ``relaunch`` (how many times ``nereus run`` starts
-the job again on the surviving nodes from the newest checkpoint when the MPI runtime itself died,
-or on the same nodes when it died before any rank wrote the run log; default 1 when
-``checkpoint_every`` > 0, else 0; > 0 needs ``checkpoint_every`` > 0),
+the job again on the surviving nodes from the newest checkpoint when the MPI runtime itself died;
+default 1 when ``checkpoint_every`` > 0, else 0; > 0 needs ``checkpoint_every`` > 0),
 ``relaunch_wait_s`` (under Slurm, how long the launcher waits for the scheduler to report the
-failed node before relaunching on every node of the step; default 60).
+failed node before relaunching on every node of the step; default 60), ``launch_retries`` (how
+many times ``nereus run`` starts the same launch again on the same nodes and log when the MPI
+runtime died before any rank wrote the run log: nothing ran, so no checkpoint is needed; default
+2, counted apart from ``relaunch``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import Any
 from nereus.config import fields as f
 from nereus.errors import ConfigError
 
-KEYS = ("checkpoint_every", "checkpoint_dir", "resume", "kill", "relaunch", "relaunch_wait_s")
+KEYS = ("checkpoint_every", "checkpoint_dir", "resume", "kill", "relaunch", "relaunch_wait_s",
+        "launch_retries")
+LAUNCH_RETRIES = 2  # start-up deaths of the MPI runtime retried by default
 KILL_KEYS = ("node", "at_step", "phase", "after_s", "runtime")
 PHASES = ("step", "transition")
 
@@ -50,11 +54,13 @@ class FailureOptions:
     kill: tuple[Kill, ...] = ()
     relaunch: int = 0
     relaunch_wait_s: float = 60.0
+    launch_retries: int = LAUNCH_RETRIES
 
     def to_dict(self) -> dict[str, Any]:
         return {"checkpoint_every": self.checkpoint_every, "checkpoint_dir": self.checkpoint_dir,
                 "resume": self.resume, "kill": [k.to_dict() for k in self.kill],
-                "relaunch": self.relaunch, "relaunch_wait_s": self.relaunch_wait_s}
+                "relaunch": self.relaunch, "relaunch_wait_s": self.relaunch_wait_s,
+                "launch_retries": self.launch_retries}
 
     @staticmethod
     def from_dict(d: Any) -> FailureOptions:
@@ -65,7 +71,8 @@ class FailureOptions:
                               tuple(Kill(int(k["node"]), int(k["at_step"]), str(k["phase"]),
                                          float(k["after_s"]), bool(k.get("runtime", False)))
                                     for k in d["kill"]),
-                              int(d.get("relaunch", 0)), float(d.get("relaunch_wait_s", 60.0)))
+                              int(d.get("relaunch", 0)), float(d.get("relaunch_wait_s", 60.0)),
+                              int(d.get("launch_retries", LAUNCH_RETRIES)))
 
     def kills_at(self, node: int, step: int, phase: str) -> list[Kill]:
         return [k for k in self.kill if (k.node, k.at_step, k.phase) == (node, step, phase)]
@@ -103,5 +110,7 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
                           "needs checkpoint_every > 0 (a relaunch resumes from a checkpoint)")
     wait_s = f.non_negative_float(f.join(path, "relaunch_wait_s"),
                                   raw.get("relaunch_wait_s", 60.0))
+    retries = f.non_negative_int(f.join(path, "launch_retries"),
+                                 raw.get("launch_retries", LAUNCH_RETRIES))
     return FailureOptions(every, str(raw.get("checkpoint_dir", "")), str(raw.get("resume", "")),
-                          tuple(kills), relaunch, wait_s)
+                          tuple(kills), relaunch, wait_s, retries)
