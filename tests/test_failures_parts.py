@@ -16,7 +16,7 @@ from nereus.runtime.failure import secondary
 from nereus.runtime.failure_config import FailureOptions, Kill, parse_failures
 from nereus.runtime.failure_recovery import _node_map, survivor_setup
 from nereus.runtime.failure_state import Boundary, BoundaryBook, agree_boundary, surviving_replica
-from nereus.runtime.global_checkpoint import latest_global, save_global
+from nereus.runtime.global_checkpoint import latest_global, read_history, save_global
 from nereus.runtime.state import Counters
 from nereus.spec.plan import ExecutionPlan, StagePlan
 
@@ -151,6 +151,14 @@ def test_checkpoint_round_trip_and_newest_wins(tmp_path: Path) -> None:
     assert step == 4 and path.endswith("step-00000004.npz")
     np.testing.assert_array_equal(g["actor-train"]["param"]["w"], globs["actor-train"]["param"]["w"])
     assert c == counters
+    assert read_history(path) is None  # written without a record
+    rows = [{"step": 0, "reward": np.float32(0.25), "losses": {"actor-train": 0.5}, "plan": "p"}]
+    save_global(str(tmp_path), 6, globs, counters,
+                {"rows": rows, "transitions": 1, "transition_s": 0.5})
+    newest = latest_global(str(tmp_path))
+    assert newest is not None and newest[1] == 6
+    assert read_history(newest[0]) == {"rows": [{**rows[0], "reward": 0.25}], "transitions": 1,
+                                       "transition_s": 0.5}
 
 
 def test_secondary_errors() -> None:

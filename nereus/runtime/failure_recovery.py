@@ -41,7 +41,7 @@ from nereus.runtime.failure_state import (
     gather_survivors,
     take_boundary,
 )
-from nereus.runtime.global_checkpoint import latest_global, save_global
+from nereus.runtime.global_checkpoint import latest_global, read_history, save_global
 from nereus.runtime.state import FIELDS, Counters
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
@@ -133,6 +133,12 @@ class FailureHandler:
             if self.recorder is not None:
                 self.recorder.log.log_event(0, "restart", {"from_checkpoint": ck[0],
                                                            "step": ck[1]})
+                history = read_history(ck[0])
+                if history is not None:  # the summary goes on from the checkpointed run's
+                    r = self.recorder
+                    r.rows = [row for row in history["rows"] if row["step"] < ck[1]]
+                    r.transitions = int(history["transitions"])
+                    r.transition_s = float(history["transition_s"])
             return ck[2], ck[3], ck[1]
         return globs, {}, 0
 
@@ -177,7 +183,11 @@ class FailureHandler:
         globs, counters, _ = gather_survivors(self.setup, b, plane.comm,
                                               self.setup.cluster.all_gpus())
         if plane.is_root:
-            path = save_global(self.checkpoint_dir(), step, globs, counters)
+            r = self.recorder
+            history = None if r is None else {
+                "rows": [row for row in r.rows if row["step"] < step],
+                "transitions": r.transitions, "transition_s": r.transition_s}
+            path = save_global(self.checkpoint_dir(), step, globs, counters, history)
             if self.recorder is not None:
                 self.recorder.log.log_event(step - 1, "checkpoint", {"path": path, "step": step})
 

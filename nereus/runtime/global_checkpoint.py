@@ -20,14 +20,20 @@ CKPT_PREFIX = "step-"
 
 
 def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, Any]]],
-                counters: dict[str, tuple[Counters, float]]) -> str:
+                counters: dict[str, tuple[Counters, float]],
+                history: dict[str, Any] | None = None) -> str:
     """Write the logical state before step ``step`` (every model-stage's global arrays and
-    counters) as ``step-<k>.npz``; atomic (written aside, then renamed). Returns the path."""
+    counters) as ``step-<k>.npz``; atomic (written aside, then renamed). Returns the path.
+    ``history``: the run's record so far (JSON-able: the summary rows of the steps before
+    ``step``, the transitions), which a run resumed from here continues (:func:`read_history`)."""
     os.makedirs(directory, exist_ok=True)
     arrays = {f"{ms}/{f}/{t}": a for ms, g in globs.items() for f, d in g.items()
               for t, a in d.items()}
-    meta = {"step": step, "counters": {ms: [vars(c), adam] for ms, (c, adam) in counters.items()}}
-    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    meta: dict[str, Any] = {"step": step, "counters": {ms: [vars(c), adam]
+                                                       for ms, (c, adam) in counters.items()}}
+    if history is not None:
+        meta["history"] = history
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta, default=float).encode(), dtype=np.uint8)
     path = os.path.join(directory, f"{CKPT_PREFIX}{step:08d}.npz")
     tmp = path + ".part.npz"
     np.savez(tmp, **arrays)
@@ -72,3 +78,11 @@ def newest_step(directory: str) -> int | None:
         return None
     with np.load(path) as z:
         return int(json.loads(bytes(z["__meta__"]).decode())["step"])
+
+
+def read_history(path: str) -> dict[str, Any] | None:
+    """The run's record a checkpoint file carries (see :func:`save_global`; None in files
+    written without one)."""
+    with np.load(path) as z:
+        history = json.loads(bytes(z["__meta__"]).decode()).get("history")
+    return dict(history) if isinstance(history, dict) else None
