@@ -100,6 +100,7 @@ def test_failure_config_checks_kills() -> None:
 
 def test_survivor_config_renumbers_nodes_and_resumes(tmp_path: Path) -> None:
     from nereus.runtime.relaunch import (
+        recovery_failed,
         runtime_died,
         runtime_kills,
         surviving_nodes,
@@ -135,6 +136,9 @@ def test_survivor_config_renumbers_nodes_and_resumes(tmp_path: Path) -> None:
     assert alive == (0, 1, 2) and "no lost node" in how
     assert runtime_died(-9, "", (2, 3)) and not runtime_died(4, "rank 1: X", (2, 3))
     assert not runtime_died(2, "", (2, 3)) and not runtime_died(0, "", (2, 3))
+    shrunk = "rank 1: RankFailure: the survivors could not shrink the MPI communicator: x"
+    assert recovery_failed(4, shrunk) and not recovery_failed(0, shrunk)
+    assert not recovery_failed(4, "rank 1: RankFailure: no plan fits the 2 surviving ranks")
 
 
 def test_checkpoint_round_trip_and_newest_wins(tmp_path: Path) -> None:

@@ -62,17 +62,18 @@ def _args(tmp: Path, runtime: str) -> argparse.Namespace:
     return build_parser().parse_args(["run", str(cfg), "--log", str(tmp / "run.h5")])
 
 
-def _fake_launches(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[int, str, bool]]
+def _fake_launches(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[Any, ...]]
                    ) -> list[str]:
-    """Each launch in turn: (exit status, what mpiexec said, whether the ranks wrote the log)."""
+    """Each launch in turn: (exit status, what mpiexec said, whether the ranks wrote the log[,
+    the first rank error])."""
     logs: list[str] = []
 
     def launch(args: Any, rc: Any, log: str, *rest: Any) -> tuple[int, str, str]:
-        code, said, wrote = outcomes[len(logs)]
+        code, said, wrote, *error = outcomes[len(logs)]
         logs.append(log)
         if wrote:
             Path(log).write_bytes(b"")
-        return code, "", said
+        return code, error[0] if error else "", said
 
     monkeypatch.setattr(run_cmd, "_launch", launch)
     return logs
@@ -131,3 +132,36 @@ def test_launch_retries_is_checked(tmp_path: Path) -> None:
         parse_failures({"launch_retries": -1}, nodes=2, steps=1)
     assert "runtime.failures.launch_retries" in str(err.value)
     assert parse_failures(None, nodes=2, steps=1).launch_retries == 2
+
+
+SHRUNK = ("rank 2: RankFailure: the survivors could not shrink the MPI communicator: "
+          "MPI_ERR_PROC_FAILED")
+
+
+def test_survivors_that_could_not_recover_are_relaunched_from_the_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ULFM could not shrink the survivors' communicator: they say so and end; as after a
+    runtime death, only a relaunch from the checkpoint can go on."""
+    import numpy as np
+
+    from nereus.runtime.global_checkpoint import save_global
+
+    args = _args(tmp_path, "failures: {checkpoint_every: 1}")
+    save_global(str(tmp_path / "run.h5.ckpt"), 1,
+                {"actor-train": {"param": {"w": np.zeros(2, dtype=np.float32)}}}, {})
+    logs = _fake_launches(monkeypatch, [(4, "", True, SHRUNK), (0, "", True)])
+    assert run_cmd.handler(args) == 0
+    assert logs == [str(tmp_path / "run.h5"), str(tmp_path / "run.relaunch-1.h5")]
+    told = [ln for ln in capsys.readouterr().err.splitlines() if "relaunch 1/1" in ln]
+    assert len(told) == 1 and told[0].startswith(
+        f"nereus: the survivors could not recover ({SHRUNK}); nodes lost: none"), told
+
+
+def test_a_rank_error_of_the_job_is_not_relaunched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _args(tmp_path, "failures: {checkpoint_every: 1}")
+    logs = _fake_launches(monkeypatch, [(4, "", True, "rank 1: ValueError: bad batch")])
+    with pytest.raises(run_cmd.LaunchError) as err:
+        run_cmd.handler(args)
+    assert len(logs) == 1 and str(err.value) == "rank failure: rank 1: ValueError: bad batch"

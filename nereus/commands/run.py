@@ -147,7 +147,7 @@ def handler(args: argparse.Namespace) -> int:
         attempt, retries, segment, names = 0, 0, log, _node_names(setup)
         segments = [log]
         while code != 0:
-            from nereus.runtime.relaunch import runtime_died
+            from nereus.runtime.relaunch import recovery_failed, runtime_died
             from nereus.runtime.worker import EXIT_CONFIG, EXIT_INFEASIBLE
 
             if code in (EXIT_CONFIG, EXIT_INFEASIBLE):
@@ -155,6 +155,9 @@ def handler(args: argparse.Namespace) -> int:
             rank_error = rank_error or _rank_error_file(tmp)
             exit_text = f"mpiexec exit {code}" + (f": {said}" if said else "")
             died = runtime_died(code, rank_error, (EXIT_CONFIG, EXIT_INFEASIBLE))
+            what = f"the MPI runtime died ({exit_text})"
+            if recovery_failed(code, rank_error):  # ULFM could not recover the survivors
+                died, what = True, f"the survivors could not recover ({rank_error})"
             # no rank got as far as the run log: nothing ran, so the same launch again
             at_start = died and not os.path.exists(segment)
             if not died or (at_start and retries >= rc.failures.launch_retries) \
@@ -170,7 +173,7 @@ def handler(args: argparse.Namespace) -> int:
             else:
                 attempt += 1
                 rc, setup, segment, hosts, names, env = _relaunch_setup(
-                    args, rc, setup, log, segment, hosts, names, attempt, exit_text, tmp)
+                    args, rc, setup, log, segment, hosts, names, attempt, what, tmp)
                 segments.append(segment)
             code, rank_error, said = _launch(args, rc, segment, hosts, tmp, summary_path,
                                              deadline, env)
@@ -260,10 +263,11 @@ def _node_names(setup: Any) -> tuple[str, ...]:
 
 def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: str, log: str,
                     hosts: tuple[str, ...], names: tuple[str, ...], attempt: int,
-                    exit_text: str, tmp: str) -> tuple[Any, Any, str, tuple[str, ...],
+                    what: str, tmp: str) -> tuple[Any, Any, str, tuple[str, ...],
                                                        tuple[str, ...], dict[str, str]]:
-    """After the MPI runtime died: the survivors, a config for them and the next log segment
-    (``names``: the current run's nodes, as :func:`_node_names` gave them)."""
+    """After the MPI runtime died (or the survivors of a death could not recover: ``what``
+    says which): the survivors, a config for them and the next log segment (``names``: the
+    current run's nodes, as :func:`_node_names` gave them)."""
     import yaml
 
     from nereus.cluster.env import WATCH_NODES, watch_target
@@ -296,7 +300,7 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
     ckpt = os.path.abspath(checkpoint_dir(first_log, rc.failures.checkpoint_dir))
     step = newest_step(ckpt)
     lost = [names[i] for i in range(n_nodes) if i not in survivors]
-    why = f"the MPI runtime died ({exit_text}); nodes lost: {', '.join(lost) or 'none'}"
+    why = f"{what}; nodes lost: {', '.join(lost) or 'none'}"
     if step is None:
         raise LaunchError(f"rank failure: {why}; no checkpoint in {ckpt} to relaunch from")
     if not survivors:

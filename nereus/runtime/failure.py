@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.errors import NereusError
+from nereus.runtime.relaunch import SHRINK_FAILED
 
 SHRINK_ATTEMPTS = 5
 
@@ -94,4 +95,4 @@ def shrink(comm: Any, global_rank: int, world_gpus: tuple[int, ...]) -> Survivor
             continue
         lost = tuple(sorted(set(world_gpus) - set(gpus)))
         return Survivors(new, gpus, lost, time.perf_counter() - t0)
-    raise RankFailure(f"the survivors could not shrink the MPI communicator: {last}")
+    raise RankFailure(f"{SHRINK_FAILED}: {last}")

@@ -109,6 +109,7 @@ class FailureHandler:
         self.recorder: Any = None
         self.version = 0
         self.leader = False  # rank 0 of the survivors (after a failure)
+        self.leader_known = False  # False until the survivors have a communicator
         self._armed: set[tuple[int, str]] = set()
         self._kill_lock = threading.Lock()  # an injected death either happens or never will
         self._disarmed = False
@@ -256,9 +257,10 @@ class FailureHandler:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
         new_comm = surv.comm
-        if list(surv.gpus) != sorted(surv.gpus):
+        if list(surv.gpus) != sorted(surv.gpus):  # no leader: each survivor reports
             raise RankFailure(f"Comm.Shrink reordered the survivors: {surv.gpus}")
         is_root = self.leader = new_comm.Get_rank() == 0
+        self.leader_known = True
         b = agree_boundary(self.book, new_comm)
         setup, renumber = survivor_setup(self.setup, surv.gpus)
         lost_original = [self.original[g] for g in surv.lost]

@@ -6,7 +6,8 @@ daemon of a dead host and ends the whole job — no rank is left to carry on. ``
 parent of ``mpiexec``) then:
 
 1. classifies the exit (:func:`runtime_died`): mpiexec ended abnormally and no rank reported an
-   error of its own (no ``NEREUS-RANK-ERROR`` line, no agreed exit 2/3);
+   error of its own (no ``NEREUS-RANK-ERROR`` line, no agreed exit 2/3) — or the survivors of a
+   death reported that ULFM could not shrink their communicator (:func:`recovery_failed`);
 2. finds the surviving nodes (:func:`surviving_nodes`): under Slurm, the step's nodes that are
    still in the allocation and usable according to ``scontrol``, waiting up to
    ``runtime.failures.relaunch_wait_s`` for the scheduler to report the failure (none reported:
@@ -29,11 +30,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 KILLS_SUFFIX = ".kills"
+# what survivors report when ULFM could not give them a communicator (every rank ends): only a
+# relaunch from the checkpoint can go on
+SHRINK_FAILED = "the survivors could not shrink the MPI communicator"
 
 
 def runtime_died(exit_code: int, rank_error: str, agreed_codes: Sequence[int]) -> bool:
     """True when mpiexec ended abnormally with no error reported by a rank."""
     return exit_code != 0 and exit_code not in agreed_codes and not rank_error
+
+
+def recovery_failed(exit_code: int, rank_error: str) -> bool:
+    """True when the ranks ended because the survivors of a death could not recover together
+    (:data:`SHRINK_FAILED`): as after a runtime death, a relaunch is what is left."""
+    return exit_code != 0 and SHRINK_FAILED in rank_error
 
 
 def mpiexec_reason(lines: Sequence[str]) -> str:

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 survived = ft.survive(comm, plane.global_rank, e) if secondary(e) else None
             except RankFailure as lost:  # survivors, but state or plan lost: one line, exit
-                if ft.leader:
+                if ft.leader or not ft.leader_known:  # before the survivors had a leader: each
                     _report(args, plane.global_rank, f"RankFailure: {lost}")
                 ft.close_log(str(lost))
                 sys.stderr.flush()
