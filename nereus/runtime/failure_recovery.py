@@ -245,6 +245,7 @@ class FailureHandler:
         if not self.enabled or self.units is None or self.setup is None:
             return None
         t_detect = time.time()
+        self.leader = self.leader_known = False  # a leader of an earlier recovery may be dead
         self._track(comm.Get_size())
         surv = shrink(comm, rank, tuple(range(comm.Get_size())))
         if not surv.lost:
