@@ -6,8 +6,8 @@ machines, and a test suite or a long job on one host spends them fast) cannot bi
 rendezvous and dies at start-up: exit 213, "The PMIx server's listener thread failed to start"
 (seen in a CI run). Here a real session directory, left by a real SIGKILLed mpiexec, is copied
 to the next few thousand pids of the temporary directory ``nereus run`` is given; plain mpiexec
-there fails as described (checked first, so the test cannot pass for want of a collision), and
-``nereus run`` — which puts each launch's session directory in a new folder of its own — runs
+there fails as described (checked first), every pid the run draws is covered (checked after:
+the test cannot pass for want of a collision), and ``nereus run`` — which puts each launch's session directory in a new folder of its own — runs
 (with ``launch_retries: 0``: no second launch may hide a collision). Runtime: ~40 s.
 """
 
@@ -54,15 +54,28 @@ def _killed_session(base: Path) -> Path:
     return session
 
 
-def _litter(base: Path, session: Path) -> None:
-    """Copies of the stale session for the next AHEAD pids (one process: copying spends none)."""
+def _last_pid() -> int:
+    return int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+
+
+def _pids_since(last: int) -> int:
+    """Pids handed out since ``last`` (wrapping at pid_max back to 300)."""
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    now = _last_pid()
+    return now - last if now >= last else pid_max - last + now - 300
+
+
+def _litter(base: Path, session: Path) -> int:
+    """Copies of the stale session for the next AHEAD pids (one process: copying spends none);
+    returns the last pid handed out before them."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    last = _last_pid()
     for k in range(1, AHEAD + 1):
         pid = last + k if last + k < pid_max else 300 + (last + k) % pid_max
         target = base / f"ompi.{pid}"
         if not target.exists():
             shutil.copytree(session, target, symlinks=True)
+    return last
 
 
 def test_nereus_run_starts_beside_stale_open_mpi_sessions(tmp_path: Path) -> None:
@@ -80,11 +93,14 @@ def test_nereus_run_starts_beside_stale_open_mpi_sessions(tmp_path: Path) -> Non
 
     cfg = tmp_path / "job.yaml"
     cfg.write_text(JOB)
-    _litter(base, session)
+    last = _litter(base, session)
     res = subprocess.run([sys.executable, "-m", "nereus", "run", str(cfg), "--log",
                           str(tmp_path / "run.h5"), "--json"], env=env, capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
+    spent = _pids_since(last)
     assert res.returncode == 0, res.stderr[-3000:]
+    # every pid the run drew (its mpiexec's among them) had a stale session in the way
+    assert spent < AHEAD, f"the run drew {spent} pids, past the {AHEAD} covered"
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["steps"] == 1 and out["launch_retries"] == 0
     assert not list(base.glob("nereus-run-*"))  # the launch's folder went with the run

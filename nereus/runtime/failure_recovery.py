@@ -189,8 +189,8 @@ class FailureHandler:
                 "rows": [row for row in r.rows if row["step"] < step],
                 "transitions": r.transitions, "transition_s": r.transition_s}
             path = save_global(self.checkpoint_dir(), step, globs, counters, history)
-            if self.recorder is not None:
-                self.recorder.log.log_event(step - 1, "checkpoint", {"path": path, "step": step})
+            if r is not None:
+                r.log.log_event(step - 1, "checkpoint", {"path": path, "step": step})
 
     def checkpoint_dir(self) -> str:
         return self.rc.failures.checkpoint_dir or f"{self.log_path}.ckpt"
