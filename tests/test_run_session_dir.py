@@ -7,8 +7,9 @@ rendezvous and dies at start-up: exit 213, "The PMIx server's listener thread fa
 (seen in a CI run). Here a real session directory, left by a real SIGKILLed mpiexec, is copied
 to the next few thousand pids of the temporary directory ``nereus run`` is given; plain mpiexec
 there fails as described (checked first), every pid the run draws is covered (checked after:
-the test cannot pass for want of a collision), and ``nereus run`` — which puts each launch's session directory in a new folder of its own — runs
-(with ``launch_retries: 0``: no second launch may hide a collision). Runtime: ~40 s.
+the test cannot pass for want of a collision), and ``nereus run`` — which puts each launch's
+session directory in a new folder of its own — runs (with ``launch_retries: 0``: no second
+launch may hide a collision). Runtime: ~20-40 s.
 """
 
 from __future__ import annotations
