@@ -48,7 +48,7 @@ def latest_global(directory: str) -> tuple[str, int, dict[str, Any], dict[str, t
     if path is None:
         return None
     with np.load(path) as z:
-        meta = json.loads(bytes(z["__meta__"]).decode())
+        meta = _meta(z)
         globs: dict[str, Any] = {}
         for key in z.files:
             if key == "__meta__":
@@ -77,12 +77,18 @@ def newest_step(directory: str) -> int | None:
     if path is None:
         return None
     with np.load(path) as z:
-        return int(json.loads(bytes(z["__meta__"]).decode())["step"])
+        return int(_meta(z)["step"])
 
 
 def read_history(path: str) -> dict[str, Any] | None:
     """The run's record a checkpoint file carries (see :func:`save_global`; None in files
     written without one)."""
     with np.load(path) as z:
-        history = json.loads(bytes(z["__meta__"]).decode()).get("history")
+        history = _meta(z).get("history")
     return dict(history) if isinstance(history, dict) else None
+
+
+def _meta(z: Any) -> dict[str, Any]:
+    """The JSON metadata (step, counters, history) of an open checkpoint file."""
+    meta: dict[str, Any] = json.loads(bytes(z["__meta__"]).decode())
+    return meta
