@@ -100,7 +100,7 @@ def _kill_time(log: Path) -> float:
 
 def _checkpoints_before(ckpt: Path, t: float) -> list[Path]:
     """The complete checkpoints written before ``t``, oldest first."""
-    from nereus.runtime.global_checkpoint import CKPT_PREFIX
+    from nereus.runtime.failures.checkpoint import CKPT_PREFIX
 
     return sorted(p for p in ckpt.glob(f"{CKPT_PREFIX}*.npz")
                   if ".part" not in p.name and p.stat().st_mtime < t)

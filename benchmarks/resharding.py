@@ -10,7 +10,7 @@ and right before every row).
 
 The bandwidth counts the bytes moved over the network seconds: from posting the transfers to
 the last one completed (strided halves unpacked included). On these CPU ranks the moves inside
-a rank (Split's own half) run after that, as :func:`nereus.runtime.primitives.execute_plan` does
+a rank (Split's own half) run after that, as :func:`nereus.runtime.execution.torch_executor.execute_plan` does
 on CPU; "+local" is the fraction with them included (on a GPU they run beside the transfers,
 in device memory). ``--json`` rows: transition, bytes_moved, bytes_min, seconds,
 restart_seconds, p2p_fraction, p2p_gbps, transfer_seconds, network_seconds.
@@ -125,7 +125,7 @@ def _p2p(rank: int, store: Any, n_values: int, tag: str = "") -> float:
     import torch
     import torch.distributed as dist
 
-    from nereus.runtime.groups import transition_group
+    from nereus.runtime.execution.groups import transition_group
 
     best = float("inf")
     for i in range(3):
@@ -147,7 +147,7 @@ def _p2p_pairs(rank: int, store: Any, n_values: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from nereus.runtime.groups import transition_group
+    from nereus.runtime.execution.groups import transition_group
 
     best = float("inf")
     for i in range(3):
@@ -184,9 +184,9 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
 
     from nereus.emu.primitives import destroy, extend, merge, split
     from nereus.emu.unit import Layout
-    from nereus.runtime.checkpoint import save_units
-    from nereus.runtime.host_memory import reserve, retain_freed_memory
-    from nereus.runtime.primitives import Executor
+    from nereus.runtime.execution.dcp_restart import save_units
+    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS[model]
@@ -283,7 +283,7 @@ def split_modes(rank: int, store: Any, model: str) -> list[dict[str, Any]]:
     main job's device reserve leaves no room for); no reserve, the same conditions for both."""
     from nereus.emu.primitives import split
     from nereus.emu.unit import Layout
-    from nereus.runtime.primitives import Executor
+    from nereus.runtime.execution.torch_executor import Executor
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS[model]
@@ -307,8 +307,8 @@ def restart(rank: int, store: Any, model: str, path: str, targets: list[Any]) ->
     """A fresh job: build the target layout (no random init) and load the checkpoint."""
     import torch.distributed as dist
 
-    from nereus.runtime.checkpoint import load_units
-    from nereus.runtime.primitives import Executor
+    from nereus.runtime.execution.dcp_restart import load_units
+    from nereus.runtime.execution.torch_executor import Executor
     from nereus.spec.model import MODEL_PRESETS
 
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ rank 0 draws random placements of the current and target plans (TP groups inside
 stages on disjoint GPUs, as in the simulated mode, so a model-stage grows only onto GPUs another
 one released; a target the compiler reports infeasible is redrawn and counted), a launch offset per model-stage
 (uniform 0…LAUNCH_JITTER_S) and broadcasts the DAG; then, on fresh source units each time:
-- ours: every rank drives the shared scheduler over the DAG (nereus.runtime.dag_exec) with real
+- ours: every rank drives the shared scheduler over the DAG (nereus.runtime.execution.dag) with real
   transfers; a wave waits for the launch offsets of its model-stages. Afterwards every rank
   checks its target units' shards against the source state bit for bit.
 - per-component (DynaRL-style): each model-stage runs its own local DAG (no resource edges) in
@@ -119,8 +119,8 @@ def _global(spec: Any, seed: int) -> dict[str, dict[str, Any]]:
 
 
 def _sources(setup: Any, dag: Any, rank: int) -> dict[Any, Any]:
-    from nereus.runtime.groups import unit_groups
-    from nereus.runtime.state import load_global, new_unit_state
+    from nereus.runtime.execution.groups import unit_groups
+    from nereus.runtime.worker.state import load_global, new_unit_state
 
     held = {}
     names = sorted({u.model_stage for u in dag.source})
@@ -160,8 +160,8 @@ def _ours(setup: Any, dag: Any, launch: dict[str, float], comm: Any, store: Any,
           ns: str) -> tuple[bool, float]:
     import torch.distributed as dist
 
-    from nereus.runtime.dag_exec import RankDagExecutor
-    from nereus.runtime.units import release_units
+    from nereus.runtime.execution.dag import RankDagExecutor
+    from nereus.runtime.worker.units import release_units
     from nereus.transition.schedule import Scheduler, drive
 
     rank = comm.Get_rank()
@@ -260,8 +260,8 @@ def _baseline(setup: Any, dag: Any, launch: dict[str, float], seed: int, comm: A
               store: Any, ns: str) -> tuple[bool, float]:
     import torch.distributed as dist
 
-    from nereus.runtime.dag_exec import RankDagExecutor
-    from nereus.runtime.units import release_units
+    from nereus.runtime.execution.dag import RankDagExecutor
+    from nereus.runtime.worker.units import release_units
 
     rank = comm.Get_rank()
     held = _sources(setup, dag, rank)
@@ -303,9 +303,9 @@ def _worker(trials: int, seed: int, out_path: str) -> int:
     import torch.distributed as dist
     from mpi4py import MPI
 
-    from nereus.runtime.control_plane import ControlPlane
-    from nereus.runtime.dag_wire import dag_from_wire, dag_to_wire
-    from nereus.runtime.rendezvous import rendezvous
+    from nereus.runtime.mpi.plane import ControlPlane
+    from nereus.runtime.mpi.rendezvous import rendezvous
+    from nereus.transition.wire import dag_from_wire, dag_to_wire
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import CommunicationError
-from nereus.runtime import primitives as runtime_prims
-from nereus.runtime.dag_exec import RankDagExecutor
+from nereus.runtime.execution import torch_executor as runtime_prims
+from nereus.runtime.execution.dag import RankDagExecutor
 from nereus.spec.hardware import CPU_VIRTUAL, ClusterSpec
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import TINY_GPT

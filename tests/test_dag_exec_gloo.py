@@ -2,7 +2,7 @@
 
 Hypothesis draws a source and a target EMU collection for two model-stages that share the GPUs
 (actor-train with Adam state, actor-gen with weights only); the pure compiler gives the DAG,
-every rank drives it with :func:`nereus.runtime.dag_exec.run_dag`, and the global state of every
+every rank drives it with :func:`nereus.runtime.execution.dag.run_dag`, and the global state of every
 target unit is reassembled from the ranks and compared bit for bit with the source state.
 Also: the DAG's plain-data wire form decodes to the same frozen DAG.
 """
@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from nereus.emu.shards import shards_at, tensor_specs
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import InfeasiblePlanError, TransitionError
-from nereus.runtime.dag_wire import dag_from_wire, dag_to_wire
 from nereus.spec.hardware import CPU_VIRTUAL, ClusterSpec
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import TINY_GPT
 from nereus.transition.compile import compile_transition
 from nereus.transition.dag import TransitionDag
 from nereus.transition.primitives import model_state_sizer
+from nereus.transition.wire import dag_from_wire, dag_to_wire
 
 WORLD = 4
 STAGES = {"actor-train": True, "actor-gen": False}  # model-stage → trainable
@@ -71,9 +71,9 @@ def compile_case(src: tuple[Emu, ...], tgt: tuple[Emu, ...]) -> TransitionDag:
 
 def _run(rank: int, world: int, store: Any, wire: dict[str, Any], seeds: dict[str, int],
          run_id: int) -> dict[Emu, Any]:
-    from nereus.runtime.dag_exec import run_dag
-    from nereus.runtime.groups import unit_groups
-    from nereus.runtime.state import Counters, load_global, new_unit_state
+    from nereus.runtime.execution.dag import run_dag
+    from nereus.runtime.execution.groups import unit_groups
+    from nereus.runtime.worker.state import Counters, load_global, new_unit_state
 
     dag = dag_from_wire(wire)
     held = {}

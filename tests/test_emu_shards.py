@@ -94,7 +94,7 @@ def _megatron_metadata(rank: int, world: int, store: Any) -> list[Any]:
     from megatron_meta import megatron_parts
 
     from nereus.engines.megatron_model import build_gpt
-    from nereus.runtime.groups import unit_groups
+    from nereus.runtime.execution.groups import unit_groups
 
     out: list[Any] = []
     for name, layout in LAYOUTS:

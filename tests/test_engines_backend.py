@@ -132,7 +132,7 @@ def test_unknown_or_misshapen_tensors_are_rejected() -> None:
 @pytest.fixture(scope="module")
 def world() -> Iterator[None]:
     """A gloo world of one (Megatron's layers need process groups even at tp=1)."""
-    from nereus.runtime.rendezvous import free_port
+    from nereus.runtime.mpi.rendezvous import free_port
 
     owned = not dist.is_initialized()
     if owned:
@@ -229,8 +229,8 @@ def test_megatron_engine_is_bit_identical_to_generate(world: None) -> None:
     from nereus.emu.unit import Emu, Layout
     from nereus.engines.backend import GenerationEngine, GenRequest, MegatronEngine
     from nereus.engines.generation import enable_kv_cache, generate, sample_uniforms
-    from nereus.runtime.groups import unit_groups
-    from nereus.runtime.state import new_unit_state
+    from nereus.runtime.execution.groups import unit_groups
+    from nereus.runtime.worker.state import new_unit_state
 
     emu = Emu("actor-gen", "actor-gen", Layout(1, 1), (0,))
     groups = unit_groups(emu, 0, 30)

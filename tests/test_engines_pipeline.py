@@ -57,9 +57,9 @@ def _run_unit(rank: int, emu: Emu, seed: int, kv_ready: bool) -> Any:
     import torch
 
     from nereus.engines.generation import enable_kv_cache, generate, sample_uniforms
-    from nereus.runtime.groups import unit_groups
-    from nereus.runtime.state import load_global, new_unit_state
-    from nereus.runtime.train import is_reporter, link_of, train_step, unit_logits
+    from nereus.runtime.execution.groups import unit_groups
+    from nereus.runtime.worker.state import load_global, new_unit_state
+    from nereus.runtime.worker.train import is_reporter, link_of, train_step, unit_logits
 
     groups = unit_groups(emu, rank, 30.0)
     if groups is None:
@@ -235,9 +235,9 @@ def test_cpu_port_keeps_pipeline_plans_and_pins_tied_embeddings_to_one_stage(
     stages, and the CPU port now keeps that; with a tied-embedding reference model (pp=1 only
     in the runtime) the port re-searches ref-inf at pp=1."""
     from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
     from nereus.control.signals import Observation
-    from nereus.runtime.controller_rank import RankZeroController
-    from nereus.runtime.run_config import parse_runtime
+    from nereus.runtime.rank0.controller import RankZeroController
 
     layouts = {}
     for name, ref in (("untied", "tiny-gpt"), ("tied", TIED_REFERENCE)):

@@ -11,13 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 
+from nereus.config.failures import FailureOptions, Kill, parse_failures
 from nereus.errors import ConfigError
-from nereus.runtime.failure import secondary
-from nereus.runtime.failure_config import FailureOptions, Kill, parse_failures
-from nereus.runtime.failure_recovery import _node_map, survivor_setup
-from nereus.runtime.failure_state import Boundary, BoundaryBook, agree_boundary, surviving_replica
-from nereus.runtime.global_checkpoint import latest_global, read_history, save_global
-from nereus.runtime.state import Counters
+from nereus.runtime.failures.boundary import (
+    Boundary,
+    BoundaryBook,
+    agree_boundary,
+    surviving_replica,
+)
+from nereus.runtime.failures.checkpoint import latest_global, read_history, save_global
+from nereus.runtime.failures.recovery import _node_map, survivor_setup
+from nereus.runtime.failures.ulfm import secondary
+from nereus.runtime.worker.state import Counters
 from nereus.spec.plan import ExecutionPlan, StagePlan
 
 
@@ -99,7 +104,7 @@ def test_failure_config_checks_kills() -> None:
 
 
 def test_survivor_config_renumbers_nodes_and_resumes(tmp_path: Path) -> None:
-    from nereus.runtime.relaunch import (
+    from nereus.runtime.failures.relaunch import (
         recovery_failed,
         runtime_died,
         runtime_kills,

@@ -31,7 +31,7 @@ from slurm_cluster import LocalSlurm
 from test_failures import JOB, failure_events, same_training, summary
 from test_slurm_cluster import job_info, wait_for, wait_job
 
-from nereus.runtime.failure_recovery import COPIES
+from nereus.runtime.failures.recovery import COPIES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 NODES, GPN = 3, 2  # the local Slurm cluster's nodes; ranks per node (so replicas can survive)

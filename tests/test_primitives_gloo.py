@@ -23,7 +23,7 @@ from nereus.errors import ConfigError
 from nereus.spec.model import TINY_GPT
 
 pytestmark = pytest.mark.slow
-DEFAULT_DIRECT_MIN = 1 << 16  # nereus.runtime.pack.DIRECT_MIN_VALUES (restored per run)
+DEFAULT_DIRECT_MIN = 1 << 16  # nereus.runtime.execution.pack.DIRECT_MIN_VALUES (restored per run)
 WORLD = 4
 SPEC = TINY_GPT
 COUNTERS = (7, 2, 5, 11)  # updates, model-stage version, policy version, position
@@ -54,9 +54,9 @@ MODES = ("default", "direct", "allgather")
 
 def _run_sequence(rank: int, world: int, store: Any, initial: Emu, ops: list[Any],
                   seed: int, run_id: int, mode: str = "default") -> list[dict[Emu, Any]]:
-    import nereus.runtime.pack as rpack
-    from nereus.runtime.primitives import Executor
-    from nereus.runtime.state import Counters, load_global
+    import nereus.runtime.execution.pack as rpack
+    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.worker.state import Counters, load_global
 
     assert rpack.DIRECT_MIN_VALUES == DEFAULT_DIRECT_MIN
     if mode != "default":
@@ -216,9 +216,9 @@ def _train_compare(rank: int, world: int, store: Any, run_id: int, seed: int) ->
     import torch.distributed as dist
     from megatron_meta import load_via_megatron
 
-    from nereus.runtime.primitives import Executor
-    from nereus.runtime.state import Counters, load_global
-    from nereus.runtime.train import train_step
+    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.worker.state import Counters, load_global
+    from nereus.runtime.worker.train import train_step
 
     ex = Executor(SPEC, rank, store, f"train{run_id}", timeout_s=30.0)
     glob = global_state(seed)
@@ -296,9 +296,9 @@ def test_training_step_after_split_and_merge_matches_direct_build(pool: Any) -> 
 
 def _weight_sync(rank: int, world: int, store: Any, run_id: int, seed: int) -> list[Any]:
     from nereus.emu.primitives import weight_sync
-    from nereus.runtime.primitives import Executor
-    from nereus.runtime.state import load_global
-    from nereus.runtime.train import train_step
+    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.worker.state import load_global
+    from nereus.runtime.worker.train import train_step
 
     ex = Executor(SPEC, rank, store, f"sync{run_id}", timeout_s=30.0)
     train = Emu("actor-train", "s", Layout(2, 1), (0, 1))
@@ -342,9 +342,9 @@ def test_weight_sync_train_to_gen_layout(pool: Any) -> None:
 
 def _checkpoint_reshard(rank: int, world: int, store: Any, run_id: int, seed: int,
                         path: str) -> list[Any]:
-    from nereus.runtime.checkpoint import load_units, save_units
-    from nereus.runtime.primitives import Executor
-    from nereus.runtime.state import Counters, load_global
+    from nereus.runtime.execution.dcp_restart import load_units, save_units
+    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.worker.state import Counters, load_global
 
     ex = Executor(SPEC, rank, store, f"ckpt{run_id}", timeout_s=30.0)
     source = Emu("actor-train", "s", Layout(2, 2), (0, 1, 2, 3))
@@ -384,9 +384,9 @@ KILL_TIMEOUT_S = 5.0
 def _killed_during_split(rank: int, world: int, store: Any, run_id: int, seed: int) -> Any:
     import os
 
-    import nereus.runtime.primitives as rp
+    import nereus.runtime.execution.torch_executor as rp
     from nereus.errors import CommunicationError
-    from nereus.runtime.state import load_global
+    from nereus.runtime.worker.state import load_global
 
     ex = rp.Executor(SPEC, rank, store, f"kill{run_id}", timeout_s=KILL_TIMEOUT_S)
     source = Emu("actor-train", "s", Layout(2, 2), (0, 1, 2, 3))

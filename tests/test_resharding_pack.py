@@ -1,4 +1,4 @@
-"""The per-pair message split of nereus.runtime.pack: contiguity of boxes, partition, padding."""
+"""The per-pair message split of nereus.runtime.execution.pack: contiguity of boxes, partition, padding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.emu.boxes import Box
-from nereus.runtime.pack import (
+from nereus.runtime.execution.pack import (
     DIRECT_MIN_VALUES,
     box_is_contiguous,
     pack,

@@ -17,7 +17,7 @@ import pytest
 
 from nereus.cli import build_parser
 from nereus.commands import run as run_cmd
-from nereus.runtime.relaunch import mpiexec_reason
+from nereus.runtime.failures.relaunch import mpiexec_reason
 
 pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None,
                                 reason="nereus run checks for mpiexec before launching")
@@ -125,8 +125,8 @@ def test_without_a_retry_left_the_error_says_what_mpiexec_said(
 
 
 def test_launch_retries_is_checked(tmp_path: Path) -> None:
+    from nereus.config.failures import parse_failures
     from nereus.errors import ConfigError
-    from nereus.runtime.failure_config import parse_failures
 
     with pytest.raises(ConfigError) as err:
         parse_failures({"launch_retries": -1}, nodes=2, steps=1)
@@ -145,7 +145,7 @@ def test_survivors_that_could_not_recover_are_relaunched_from_the_checkpoint(
     runtime death, only a relaunch from the checkpoint can go on."""
     import numpy as np
 
-    from nereus.runtime.global_checkpoint import save_global
+    from nereus.runtime.failures.checkpoint import save_global
 
     args = _args(tmp_path, "failures: {checkpoint_every: 1}")
     save_global(str(tmp_path / "run.h5.ckpt"), 1,

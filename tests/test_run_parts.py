@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from nereus.config.load import load_config
+from nereus.config.run import RunConfig, parse_runtime
 from nereus.errors import ConfigError
 from nereus.rl.losses import policy_loss as masked_policy_loss
 from nereus.rl.ppo import policy_loss_sum, ppo_batch, token_rewards
-from nereus.runtime.memory import MemoryAccount, module_state_bytes
-from nereus.runtime.run_config import RunConfig, parse_runtime
+from nereus.runtime.worker.memory import MemoryAccount, module_state_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = str(ROOT / "examples" / "ppo-tiny-cpu.yaml")
@@ -86,7 +86,7 @@ def test_memory_account_counts_real_bytes_and_reports_oom() -> None:
 
 def test_run_account_adds_the_planner_reserve_and_applies_the_capacity_drop() -> None:
     from nereus.cost.memory import CPU_WORKSPACE_BYTES
-    from nereus.runtime.memory import account_for_run
+    from nereus.runtime.worker.memory import account_for_run
 
     rc, setup = _parse({"memory_per_rank_gb": 0.0808,
                         "capacity_drop": {"at_step": 2, "memory_per_rank_gb": 0.07}})
@@ -124,11 +124,11 @@ def test_ppo_rewards_put_the_score_on_the_last_response_token() -> None:
 GEN_SCRIPT = r"""
 import torch, torch.distributed as dist, numpy as np, sys
 torch.set_num_threads(1)
-from nereus.runtime.rendezvous import free_port
+from nereus.runtime.mpi.rendezvous import free_port
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 from nereus.emu.unit import Emu, Layout
-from nereus.runtime.groups import unit_groups
-from nereus.runtime.state import new_unit_state
+from nereus.runtime.execution.groups import unit_groups
+from nereus.runtime.worker.state import new_unit_state
 from nereus.spec.model import TINY_GPT
 from nereus.engines.generation import enable_kv_cache, generate, sample_uniforms
 from nereus.engines.forward import logits_of, response_logp

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nereus.cluster.env import WATCH_CONF, WATCH_JOB, WATCH_NODES, watch_target, watch_variables
-from nereus.runtime.cluster_events import ClusterEvents, node_indices
-from nereus.runtime.run_config import Event, RunConfig
+from nereus.config.run import Event, RunConfig
+from nereus.runtime.rank0.cluster_events import ClusterEvents, node_indices
 
 JOB_ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_ID": "0",
            "SLURM_PROCID": "0", "SLURM_NTASKS": "6", "SLURM_STEP_NODELIST": "n[1-3]",

@@ -14,7 +14,6 @@ from transition_cases import case
 
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
-from nereus.runtime.dag_wire import dag_from_wire, dag_to_wire
 from nereus.spec.hardware import H200, ClusterSpec
 from nereus.spec.model import LLAMA_3_1_8B, TINY_GPT
 from nereus.spec.plan import ExecutionPlan, StagePlan
@@ -25,6 +24,7 @@ from nereus.transition.cost import transition_cost_s
 from nereus.transition.fast import PlannedTransition, plan_plans, plan_transition
 from nereus.transition.primitives import StateSizer, model_state_sizer
 from nereus.transition.schedule import Scheduler
+from nereus.transition.wire import dag_from_wire, dag_to_wire
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 The config (with its ``runtime:`` section) is checked and the initial plan searched here, before
 any rank starts, so a bad config or an infeasible plan is one line and a non-zero exit. Then
-``mpiexec`` (Open MPI from the ``mpi`` extra) starts the ranks of ``nereus.runtime.worker``; their
+``mpiexec`` (Open MPI from the ``mpi`` extra) starts the ranks of ``nereus.runtime.worker.main``; their
 output streams through. A rank failing mid-run ends the MPI job; its error is the one line
 printed here. Started as one task of a multi-task launch (``srun nereus run``), this process is
 itself a rank and runs the worker directly.
@@ -48,13 +48,15 @@ def register(subparsers: Any) -> None:
 
 def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import InfeasiblePlanError
-    from nereus.runtime.controller_rank import RankZeroController
-    from nereus.runtime.run_config import parse_runtime
+    from nereus.runtime.rank0.controller import RankZeroController
 
     cfg = load_config(args.config)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps)
+    require_vllm(rc.generation)
     ctl = RankZeroController(setup, adapt=True)
     ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
     plan, d = ctl.initial()
@@ -78,10 +80,10 @@ def mpiexec_command(ranks: int, worker_args: list[str],
     from launchers.commands import LaunchSpec, mpiexec_argv
 
     local = all(_is_this_host(h) for h in hosts)
-    spec = LaunchSpec(argv=(sys.executable, "-m", "nereus.runtime.worker", *worker_args),
+    spec = LaunchSpec(argv=(sys.executable, "-m", "nereus.runtime.worker.main", *worker_args),
                       ntasks=ranks, cpu_bind="none", nodelist=() if local else tuple(hosts),
                       env=(("OMP_NUM_THREADS", "1"), ("PYTHONWARNINGS", "ignore")),
-                      ulfm=True)  # survivors of dead ranks go on (nereus.runtime.failure)
+                      ulfm=True)  # survivors of dead ranks go on (nereus.runtime.failures.ulfm)
     return mpiexec_argv(spec, "openmpi")
 
 
@@ -112,7 +114,7 @@ def _mpiexec_ok() -> None:
 def _as_task(args: argparse.Namespace, world_size: int) -> int:
     """``nereus run`` started as one task of a multi-task launch (``srun nereus run``, as in
     slurm/cpu.sbatch): this process is a rank; run the worker here, no mpiexec."""
-    from nereus.runtime import worker
+    from nereus.runtime.worker import main as worker
 
     log = args.log or f"nereus-run-{os.environ.get('SLURM_JOB_ID', 'job')}.h5"
     argv = ["--config", args.config, "--log", log, "--ranks", str(world_size)]
@@ -147,8 +149,8 @@ def handler(args: argparse.Namespace) -> int:
         attempt, retries, segment, names = 0, 0, log, _node_names(setup)
         segments = [log]
         while code != 0:
-            from nereus.runtime.relaunch import recovery_failed, runtime_died
-            from nereus.runtime.worker import EXIT_CONFIG, EXIT_INFEASIBLE
+            from nereus.runtime.failures.relaunch import recovery_failed, runtime_died
+            from nereus.runtime.worker.main import EXIT_CONFIG, EXIT_INFEASIBLE
 
             if code in (EXIT_CONFIG, EXIT_INFEASIBLE):
                 return code  # the worker printed the agreed one-line error
@@ -195,8 +197,8 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
     from collections import deque
 
     from nereus.cluster.env import watch_variables
-    from nereus.runtime.relaunch import mpiexec_reason
-    from nereus.runtime.worker import ERROR_MARK
+    from nereus.runtime.failures.relaunch import mpiexec_reason
+    from nereus.runtime.worker.main import ERROR_MARK
 
     for name in os.listdir(tmp):  # a previous attempt's rank errors
         if name.startswith("rank-error-"):
@@ -272,8 +274,8 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
 
     from nereus.cluster.env import WATCH_NODES, watch_target
     from nereus.config.load import load_raw
-    from nereus.runtime.global_checkpoint import newest_step
-    from nereus.runtime.relaunch import (
+    from nereus.runtime.failures.checkpoint import newest_step
+    from nereus.runtime.failures.relaunch import (
         checkpoint_dir,
         segment_log,
         surviving_nodes,

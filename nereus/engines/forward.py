@@ -17,7 +17,7 @@ VALUE_COLUMN = 0
 
 def logits_of(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """[b, s, vocab] logits of ``tokens`` [b, s] (learned absolute positions 0..s-1) of a
-    single-stage (pp=1) model; units of any pp go through :mod:`nereus.runtime.train`."""
+    single-stage (pp=1) model; units of any pp go through :mod:`nereus.runtime.worker.train`."""
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
     out: torch.Tensor = model(tokens, positions, None)
     return out

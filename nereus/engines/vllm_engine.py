@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nereus.emu.hf_layout import hf_config, hf_tensors
-from nereus.errors import NereusError
+from nereus.errors import ConfigError, NereusError
 from nereus.rl.task import EOS, PAD
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import StagePlan
@@ -82,6 +82,17 @@ def vllm_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device is visible to torch (vLLM's engine here needs NVIDIA GPUs)"
     return None
+
+
+def require_vllm(generation: str) -> None:
+    """``runtime.generation: vllm`` needs vLLM and a CUDA device here: ConfigError otherwise
+    (checked before any rank starts, and again on every rank)."""
+    if generation != "vllm":
+        return
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        raise ConfigError("runtime.generation", generation,
+                          f"needs vLLM on CUDA GPUs, but {reason}")
 
 
 def check_vllm_placement(plan: StagePlan, world_size: int) -> None:

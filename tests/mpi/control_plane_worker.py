@@ -9,8 +9,8 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from nereus.errors import CommunicationError
-from nereus.runtime.control_plane import ControlPlane, Message
-from nereus.runtime.rendezvous import rendezvous, teardown
+from nereus.runtime.mpi.plane import ControlPlane, Message
+from nereus.runtime.mpi.rendezvous import rendezvous, teardown
 
 
 def main() -> int:

@@ -7,9 +7,9 @@ import sys
 
 from mpi4py import MPI
 
-from nereus.runtime.control_plane import ControlPlane
-from nereus.runtime.growth import Links, join_parent, spawn_joiners
-from nereus.runtime.rendezvous import rendezvous
+from nereus.runtime.mpi.growth import Links, join_parent, spawn_joiners
+from nereus.runtime.mpi.plane import ControlPlane
+from nereus.runtime.mpi.rendezvous import rendezvous
 
 
 def main() -> int:

@@ -16,12 +16,12 @@ parameters of every trainable model-stage), ``inject_failure`` (``{rank: r, at_s
 raises at step k, k = -1 at start — fault injection to test that no rank hangs),
 ``capacity_drop`` (``{at_step: k, memory_per_rank_gb: g}``: from step k on every rank's virtual
 device offers only g GB, as when another tenant takes memory; the runtime's accounting then
-reports OOM events, which tell the controller the new capacity — see ``nereus.runtime.memory``),
+reports OOM events, which tell the controller the new capacity — see ``nereus.runtime.worker.memory``),
 ``failures``
-(checkpoints and injected node deaths: ``nereus.runtime.failure_config``), ``late_nodes`` (k: the
+(checkpoints and injected node deaths: ``nereus.config.failures``), ``late_nodes`` (k: the
 last k nodes of the cluster are granted later — ``nereus run`` starts only the other nodes' ranks;
 an ``add_node`` event for a late node spawns its ranks into the running job, see
-``nereus.runtime.growth``), ``generation`` (the engine actor-gen samples with: ``megatron``,
+``nereus.runtime.mpi.growth``), ``generation`` (the engine actor-gen samples with: ``megatron``,
 default — Megatron-core's static inference with a KV cache, the CPU path; ``vllm`` — vLLM on
 CUDA GPUs, :mod:`nereus.engines.vllm_engine`; checked here: vLLM and a CUDA device must be
 present and the actor a Llama-family architecture).
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.config import fields as f
+from nereus.config.failures import FailureOptions, parse_failures
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
-from nereus.runtime.failure_config import FailureOptions, parse_failures
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.job import Setup
 
@@ -285,17 +285,14 @@ def _reward(value: Any, reward_model: bool) -> str:
 
 
 def _generation(value: Any, setup: Setup) -> str:
-    """``megatron`` or ``vllm``; vLLM needs its package, a CUDA device and a Llama-family actor
-    (checked before any rank starts)."""
+    """``megatron`` or ``vllm``; vLLM needs a Llama-family actor (whether vLLM and a CUDA device
+    are present is the runtime's check, :func:`nereus.engines.vllm_engine.require_vllm`,
+    made before any rank starts)."""
     path = "runtime.generation"
     choice = f.choice(path, value, ("megatron", "vllm"))
     if choice == "vllm":
         from nereus.emu.hf_layout import UnsupportedArchitecture, hf_architecture
-        from nereus.engines.vllm_engine import vllm_unavailable_reason
 
-        reason = vllm_unavailable_reason()
-        if reason is not None:
-            raise ConfigError(path, value, f"needs vLLM on CUDA GPUs, but {reason}")
         try:
             hf_architecture(setup.job.model(setup.job.workflow.by_name("actor-gen").role))
         except UnsupportedArchitecture as e:

@@ -1,18 +1,18 @@
-"""The rank program of ``nereus run``: ``python -m nereus.runtime.worker --config C --log L``.
+"""The rank program of ``nereus run``: ``python -m nereus.runtime.worker.main --config C --log L``.
 
 Every rank parses the same config (deterministic), joins the MPI control plane and the
 torch.distributed rendezvous whose address rank 0 broadcasts. Rank 0 runs the controller and
-also works as a rank (see ``nereus.runtime.controller_rank``). Per step: rank 0 broadcasts a
+also works as a rank (see ``nereus.runtime.rank0.controller``). Per step: rank 0 broadcasts a
 versioned ``step`` message, every rank runs the step on its units, measurements are gathered to
 rank 0, which logs them, applies injected events, runs the controller and broadcasts a ``plan``
 message (the target plan or none). An admitted target is installed at this safe boundary through
-``nereus.runtime.transition_exec`` and the next step runs on it.
+``nereus.runtime.execution.gather_reload`` and the next step runs on it.
 
 Failures: start-up problems are agreed on by every rank (the same error everywhere, exit 2 or 3);
 a rank whose own code fails mid-run prints ``NEREUS-RANK-ERROR rank R: …`` on stderr and aborts
 the MPI job, so no rank waits forever (every gloo collective also has a timeout). When ranks
 *die* (under ULFM, ``mpiexec --with-ft ulfm``), the survivors shrink the communicator and run the
-rest of the job on what is left (``nereus.runtime.failure_recovery``): ``_run`` starts again on
+rest of the job on what is left (``nereus.runtime.failures.recovery``): ``_run`` starts again on
 the survivors from the agreed boundary, with the replicated controller on the lowest survivor.
 """
 
@@ -31,7 +31,7 @@ EXIT_CONFIG, EXIT_INFEASIBLE, EXIT_RANK = 2, 3, 4
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nereus.runtime.worker")
+    p = argparse.ArgumentParser(prog="nereus.runtime.worker.main")
     p.add_argument("--config", required=True)
     p.add_argument("--log", required=True)
     p.add_argument("--ranks", type=int)
@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     from nereus.errors import CommunicationError
-    from nereus.runtime.control_plane import ControlPlane
-    from nereus.runtime.failure import RankFailure, secondary
-    from nereus.runtime.failure_recovery import FailureHandler
-    from nereus.runtime.growth import Grown, Links, join_parent, joined
+    from nereus.runtime.failures.recovery import FailureHandler
+    from nereus.runtime.failures.ulfm import RankFailure, secondary
+    from nereus.runtime.mpi.growth import Grown, Links, join_parent, joined
+    from nereus.runtime.mpi.plane import ControlPlane
 
     links = Links()
     comm = join_parent(links) or MPI.COMM_WORLD  # spawned for a late node: the merged job
@@ -152,20 +152,21 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     import torch.distributed as dist
 
     from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import ConfigError, InfeasiblePlanError
     from nereus.rl.sample_order import SampleOrder
     from nereus.rl.task import PatternTask
-    from nereus.runtime.control_plane import Message
-    from nereus.runtime.controller_rank import RankZeroController
-    from nereus.runtime.host_memory import reserve, retain_freed_memory
-    from nereus.runtime.memory import account_for_run
-    from nereus.runtime.plan_change import change_plan
-    from nereus.runtime.rendezvous import rendezvous
-    from nereus.runtime.run_config import parse_runtime
-    from nereus.runtime.run_log import RunRecorder
-    from nereus.runtime.step import Rollout, StepInputs, run_async_step, run_step
-    from nereus.runtime.transition_exec import gather_state
-    from nereus.runtime.units import PlanUnits, initial_global
+    from nereus.runtime.execution.gather_reload import gather_state
+    from nereus.runtime.execution.plan_change import change_plan
+    from nereus.runtime.mpi.plane import Message
+    from nereus.runtime.mpi.rendezvous import rendezvous
+    from nereus.runtime.rank0.controller import RankZeroController
+    from nereus.runtime.rank0.recorder import RunRecorder
+    from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
+    from nereus.runtime.worker.memory import account_for_run
+    from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
+    from nereus.runtime.worker.units import PlanUnits, initial_global
     from nereus.spec.plan import ExecutionPlan
 
     rank = plane.global_rank
@@ -174,6 +175,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         cfg = load_config(args.config)
         rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                                   steps=args.steps)
+        require_vllm(rc.generation)
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
                               f"ranks, the config starts {rc.start_ranks}")
@@ -279,7 +281,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         version += 1
         new_plan = ExecutionPlan.from_dict(target["plan"])
         if max(target["pool"]) >= plane.world_size:  # a late node was granted: its ranks join
-            from nereus.runtime.growth import Grown, grow
+            from nereus.runtime.mpi.growth import Grown, grow
 
             raise Grown(*grow(comm, units, ft, new_plan, tuple(target["pool"]), step,
                               worker_argv=sys.argv[1:]))

@@ -5,7 +5,7 @@ SlurmWatcher` at every step boundary. Virtual node i of the run is the i-th node
 (``nereus run`` lays the ranks out node by node). A ``NodesLost`` event (``scontrol update
 nodename=n3 state=down``, a node that stops responding, a shrunken allocation) becomes a
 ``remove_node`` event of this step: the controller sees a smaller pool and replans on the
-urgent path. Ranks that Slurm actually kills are handled by ULFM (``nereus.runtime.failure``);
+urgent path. Ranks that Slurm actually kills are handled by ULFM (``nereus.runtime.failures.ulfm``);
 this path covers the node the scheduler takes away while its ranks still run — always the
 case for the emulated nodes of one host, where every rank is a child of task 0's mpiexec.
 """
@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from nereus.cluster.env import WatchTarget
-from nereus.runtime.run_config import Event
+from nereus.config.run import Event
 
 
 class ClusterEvents:

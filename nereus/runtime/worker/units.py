@@ -4,11 +4,11 @@ Every rank builds the process groups of every unit of the plan in plan order (``
 is collective), then the Megatron models of the units it belongs to, filled from a *global*
 logical state (field → tensor name → array). Layout-independent by construction: the initial
 state is drawn once at tp=1 (``initial_global``). A later plan adopts the units a transition DAG
-left on this rank (``adopted``: :mod:`nereus.runtime.plan_change`), or — the fallback — is
-installed from the state gathered out of the running one (:mod:`nereus.runtime.transition_exec`). DP replicas of a
+left on this rank (``adopted``: :mod:`nereus.runtime.execution.plan_change`), or — the fallback — is
+installed from the state gathered out of the running one (:mod:`nereus.runtime.execution.gather_reload`). DP replicas of a
 trainable model-stage all-reduce gradients over one gloo group per (pp, tp) position. The
 per-step weight sync (actor-train → actor-gen, critic-train → critic-inf) runs through the EMU
-transfer machinery (``nereus.runtime.primitives.Executor.weight_sync``).
+transfer machinery (``nereus.runtime.execution.torch_executor.Executor.weight_sync``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from nereus.emu.unit import Emu, Layout
 from nereus.engines.generation import enable_kv_cache
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.errors import TransitionError
-from nereus.runtime.groups import unit_groups
-from nereus.runtime.primitives import Executor
-from nereus.runtime.state import FIELDS, Counters, UnitState, load_global, new_unit_state
+from nereus.runtime.execution.groups import unit_groups
+from nereus.runtime.execution.torch_executor import Executor
+from nereus.runtime.worker.state import FIELDS, Counters, UnitState, load_global, new_unit_state
 from nereus.spec.job import Setup
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan

@@ -1,7 +1,7 @@
 """Relaunch on the surviving nodes when the MPI runtime itself died (launcher side, effectful).
 
 ULFM keeps a job alive when ranks die while Open MPI's runtime lives
-(:mod:`nereus.runtime.failure_recovery`). When the runtime dies with a node — Open MPI loses the
+(:mod:`nereus.runtime.failures.recovery`). When the runtime dies with a node — Open MPI loses the
 daemon of a dead host and ends the whole job — no rank is left to carry on. ``nereus run`` (the
 parent of ``mpiexec``) then:
 
@@ -78,7 +78,7 @@ def segment_log(log: str, attempt: int) -> str:
 
 def checkpoint_dir(log: str, configured: str) -> str:
     """Where the run writes its checkpoints (``runtime.failures.checkpoint_dir`` or beside the
-    log, as :mod:`nereus.runtime.failure_recovery` decides)."""
+    log, as :mod:`nereus.runtime.failures.recovery` decides)."""
     return configured or f"{log}.ckpt"
 
 

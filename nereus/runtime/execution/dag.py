@@ -3,7 +3,7 @@
 Every rank drives the same :class:`~nereus.transition.schedule.Scheduler` over the same DAG
 (broadcast by rank 0) with a :class:`RankDagExecutor`. ``start`` only queues; ``wait`` runs the
 queued primitives as one *wave*: per model-stage, its Split / Merge / Extend records run as one
-pass (:meth:`nereus.runtime.primitives.Executor.concurrent`: every peer pair's transfer posted at
+pass (:meth:`nereus.runtime.execution.torch_executor.Executor.concurrent`: every peer pair's transfer posted at
 once), the model-stages of a wave one after the other, then the wave's Destroys. The scheduler
 only puts primitives on disjoint GPUs (or co-resident model-stages within memory) in one wave, so
 the order inside a wave does not matter for the result; it is the scheduler's order on every
@@ -26,8 +26,8 @@ from nereus.emu import primitives as emu_prims
 from nereus.emu.transfer import plan_transfer
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
-from nereus.runtime.primitives import Executor
-from nereus.runtime.state import FIELDS, UnitState
+from nereus.runtime.execution.torch_executor import Executor
+from nereus.runtime.worker.state import FIELDS, UnitState
 from nereus.spec.job import Setup
 from nereus.transition import primitives as dag_prims
 from nereus.transition.dag import TransitionDag

@@ -20,8 +20,8 @@ import torch.distributed.checkpoint as dcp
 
 from nereus.emu.boxes import Box, intersect
 from nereus.emu.unit import Emu
-from nereus.runtime.primitives import META_VALUES, meta_of
-from nereus.runtime.state import FIELDS, Counters, UnitState
+from nereus.runtime.execution.torch_executor import META_VALUES, meta_of
+from nereus.runtime.worker.state import FIELDS, Counters, UnitState
 
 
 def _key(f: str, tensor: str, box: Box) -> str:

@@ -1,12 +1,12 @@
 """Carrying on after ranks died: the survivors rebuild the job on what is left (effectful).
 
 ``nereus run`` hands every rank a :class:`FailureHandler`. While the job runs, the handler keeps
-this rank's last two safe boundaries (:mod:`nereus.runtime.failure_state`), a replica of the
+this rank's last two safe boundaries (:mod:`nereus.runtime.failures.boundary`), a replica of the
 controller (rank 0 broadcasts its controller, step rows and counters after every step, so any
 survivor can take over) and writes the periodic checkpoint. When a step or a plan change raises
 on a rank, the worker calls :meth:`FailureHandler.survive` on every survivor:
 
-1. revoke and shrink the MPI communicator (:func:`nereus.runtime.failure.shrink`); nobody lost →
+1. revoke and shrink the MPI communicator (:func:`nereus.runtime.failures.ulfm.shrink`); nobody lost →
    the error is fatal as before;
 2. drop the data plane: this plan's units and the torch.distributed default group (its
    TCPStore lived on rank 0, which may be dead);
@@ -34,15 +34,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nereus.runtime.failure import RankFailure, shrink, ulfm_enabled
-from nereus.runtime.failure_state import (
+from nereus.runtime.failures.boundary import (
     BoundaryBook,
     agree_boundary,
     gather_survivors,
     take_boundary,
 )
-from nereus.runtime.global_checkpoint import latest_global, read_history, save_global
-from nereus.runtime.state import FIELDS, Counters
+from nereus.runtime.failures.checkpoint import latest_global, read_history, save_global
+from nereus.runtime.failures.ulfm import RankFailure, shrink, ulfm_enabled
+from nereus.runtime.worker.state import FIELDS, Counters
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
@@ -159,17 +159,17 @@ class FailureHandler:
 
     def cluster_events(self, plane: Any, step: int) -> None:
         """Rank 0 under Slurm: nodes the allocation lost become ``remove_node`` events of this
-        step (``nereus.runtime.cluster_events``)."""
+        step (``nereus.runtime.rank0.cluster_events``)."""
         if not plane.is_root or self.recorder is None or self.setup is None:
             return
         if self._cluster is None:
             from nereus.cluster.env import watch_target
-            from nereus.runtime.cluster_events import ClusterEvents
+            from nereus.runtime.rank0.cluster_events import ClusterEvents
 
             target = watch_target(os.environ)
             self._cluster = ClusterEvents(target) if target is not None else False
         if self._cluster:
-            from nereus.runtime.cluster_events import node_indices
+            from nereus.runtime.rank0.cluster_events import node_indices
 
             self._cluster.apply(self.recorder, step,
                                 node_indices(self._cluster.target, self.setup.cluster.nodes))
@@ -315,8 +315,8 @@ class FailureHandler:
         on the urgent path for the surviving pool; the run log carries on."""
         from nereus.control.controller import ControllerState, controller_step
         from nereus.control.signals import Observation
-        from nereus.runtime.controller_rank import RankZeroController, decision_dict
-        from nereus.runtime.run_log import RunRecorder
+        from nereus.runtime.rank0.controller import RankZeroController, decision_dict
+        from nereus.runtime.rank0.recorder import RunRecorder
 
         old, recorder = self.ctl, self.recorder
         rows, transitions, transition_s = (recorder.rows, recorder.transitions,
@@ -369,14 +369,14 @@ class FailureHandler:
             return
         moved_bytes = sum(int(a.nbytes) for g in globs.values() for d in g.values()
                           for a in d.values())
-        from nereus.runtime.controller_rank import plan_label
+        from nereus.runtime.rank0.controller import plan_label
 
         now = time.time()
         ev = {**res.event, "detect_unix_s": res.t_detect, "resumed_unix_s": now,
               "recover_s": now - res.t_detect}
         rec = res.recorder
         step = max(res.step - 1, 0)
-        if ev.get("kind") == "growth":  # late nodes' ranks joined (nereus.runtime.growth)
+        if ev.get("kind") == "growth":  # late nodes' ranks joined (nereus.runtime.mpi.growth)
             rec.log.log_event(step, "gpu-pool-growth", ev)
             rec.transition(step, {"kind": "growth", "predicted_s": 0.0}, plan, now - res.t_detect,
                            moved_bytes, [], executor="gather-reload",

@@ -78,7 +78,7 @@ def grown_setup(setup: Setup, nodes: int) -> Setup:
 
 def joiner_argv(worker_argv: Sequence[str]) -> list[str]:
     """The command line of a joining rank: the same worker (it finds its parent job itself)."""
-    return [sys.executable, "-m", "nereus.runtime.worker", *worker_argv]
+    return [sys.executable, "-m", "nereus.runtime.worker.main", *worker_argv]
 
 
 class Grown(Exception):
@@ -99,9 +99,9 @@ def grow(comm: Any, units: Any, ft: Any, plan: ExecutionPlan, pool: Sequence[int
     caller raises :class:`Grown`."""
     import torch.distributed as dist
 
-    from nereus.runtime.failure_recovery import Resume
-    from nereus.runtime.failure_state import BoundaryBook
-    from nereus.runtime.transition_exec import gather_state
+    from nereus.runtime.execution.gather_reload import gather_state
+    from nereus.runtime.failures.boundary import BoundaryBook
+    from nereus.runtime.failures.recovery import Resume
 
     t0 = time.time()
     world = comm.Get_size()
@@ -129,7 +129,7 @@ def grow(comm: Any, units: Any, ft: Any, plan: ExecutionPlan, pool: Sequence[int
 
 def joined(comm: Any, ft: Any) -> None:
     """A spawned rank: take the running job's state from rank 0 into ``ft.resume``."""
-    from nereus.runtime.failure_recovery import Resume
+    from nereus.runtime.failures.recovery import Resume
 
     setup, rc, plan_d, globs, counters, step, generation, original = comm.bcast(None, root=0)
     ft.resume = Resume(setup, rc, ExecutionPlan.from_dict(plan_d), globs, counters, step,

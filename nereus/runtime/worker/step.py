@@ -8,7 +8,7 @@ its units; each DP replica takes its contiguous slice of the step's sequences (g
 first rank of every replica contributes its slice to an MPI all-gather, so every rank holds the
 whole batch (tiny on CPU); batch-level math (rewards, GAE) is then identical on every rank and
 independent of the plan. Units of any tp×pp: forward passes go through
-:mod:`nereus.runtime.train` (the CPU pipeline schedule); the last pp stage reports.
+:mod:`nereus.runtime.worker.train` (the CPU pipeline schedule); the last pp stage reports.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from nereus.config.run import RunConfig
 from nereus.engines.backend import GenRequest
 from nereus.engines.forward import response_logp, response_values, sequence_scores
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
 from nereus.rl.sample_order import SampleOrder, replica_slice
 from nereus.rl.task import PAD, PatternTask, encode
-from nereus.runtime.gen_engines import actor_gen_engine
-from nereus.runtime.memory import MemoryAccount, resident_bytes
-from nereus.runtime.run_config import RunConfig
-from nereus.runtime.train import is_reporter, unit_forward_backward, unit_logits
-from nereus.runtime.units import PlanUnits, allreduce_grads, zero_grads
+from nereus.runtime.worker.gen_engines import actor_gen_engine
+from nereus.runtime.worker.memory import MemoryAccount, resident_bytes
+from nereus.runtime.worker.train import is_reporter, unit_forward_backward, unit_logits
+from nereus.runtime.worker.units import PlanUnits, allreduce_grads, zero_grads
 from nereus.spec.job import Setup
 
 

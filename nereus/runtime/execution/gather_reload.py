@@ -5,7 +5,7 @@ state Λ of every model-stage — parameters, Adam moments, counters — is read
 replica (one whose ranks are all still in the pool when there is one), all-gathered over MPI,
 the old plan's units and process groups are destroyed and the new plan's are built from it.
 It is exact (the same global values in a new layout) and needs no transition DAG. Plan changes
-normally run as a transition DAG of EMU primitives (:mod:`nereus.runtime.plan_change`); this path
+normally run as a transition DAG of EMU primitives (:mod:`nereus.runtime.execution.plan_change`); this path
 is the fallback when no DAG exists (the last replica of a model-stage left the pool, or no order
 fits memory) and the checkpoint-restart-in-process baseline the benchmarks compare against.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nereus.runtime.state import FIELDS, Counters
-from nereus.runtime.units import (
+from nereus.runtime.worker.state import FIELDS, Counters
+from nereus.runtime.worker.units import (
     Glob,
     PlanUnits,
     assemble_global,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.errors import NereusError
-from nereus.runtime.relaunch import SHRINK_FAILED
+from nereus.runtime.failures.relaunch import SHRINK_FAILED
 
 SHRINK_ATTEMPTS = 5
 

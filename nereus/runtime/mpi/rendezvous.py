@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from nereus.errors import CommunicationError
-from nereus.runtime.control_plane import ControlPlane, Message
+from nereus.runtime.mpi.plane import ControlPlane, Message
 
 
 @dataclass(frozen=True)

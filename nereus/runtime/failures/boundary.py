@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nereus.runtime.state import FIELDS, Counters
-from nereus.runtime.transition_exec import allgather_contributions
-from nereus.runtime.units import (
+from nereus.runtime.execution.gather_reload import allgather_contributions
+from nereus.runtime.worker.state import FIELDS, Counters
+from nereus.runtime.worker.units import (
     Glob,
     PlanUnits,
     assemble_global,

@@ -5,7 +5,7 @@ taking part in a transfer joins a gloo group created for that transition only (u
 prefix, bounded timeout) and drops it afterwards; the unit groups of new units are created by
 every rank (``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at
 once; per pair, contiguous source slices go as they are (no copy) straight into contiguous
-destination slices, the rest packed into one buffer (:mod:`nereus.runtime.pack`):
+destination slices, the rest packed into one buffer (:mod:`nereus.runtime.execution.pack`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
   GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
   ``Executor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
@@ -34,9 +34,15 @@ from nereus.emu.shards import shards_at
 from nereus.emu.transfer import Move, TransferPlan, combine_plans
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
-from nereus.runtime.groups import TransitionGroup, transition_group, unit_groups
-from nereus.runtime.pack import PairMessages, box_is_contiguous, pack, pair_messages, unpack
-from nereus.runtime.state import FIELDS, Counters, UnitState, new_unit_state
+from nereus.runtime.execution.groups import TransitionGroup, transition_group, unit_groups
+from nereus.runtime.execution.pack import (
+    PairMessages,
+    box_is_contiguous,
+    pack,
+    pair_messages,
+    unpack,
+)
+from nereus.runtime.worker.state import FIELDS, Counters, UnitState, new_unit_state
 from nereus.spec.model import ModelSpec
 
 Units = dict[Emu, UnitState]  # the units this rank takes part in

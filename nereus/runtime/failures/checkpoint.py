@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from nereus.runtime.state import Counters
+    from nereus.runtime.worker.state import Counters
 
 CKPT_PREFIX = "step-"
 
@@ -55,7 +55,7 @@ def latest_global(directory: str) -> tuple[str, int, dict[str, Any], dict[str, t
                 continue
             ms, f, t = key.split("/", 2)
             globs.setdefault(ms, {}).setdefault(f, {})[t] = z[key]
-    from nereus.runtime.state import Counters  # torch and Megatron: only when loading
+    from nereus.runtime.worker.state import Counters  # torch and Megatron: only when loading
 
     counters = {ms: (Counters(**c), float(adam)) for ms, (c, adam) in meta["counters"].items()}
     return path, int(meta["step"]), globs, counters

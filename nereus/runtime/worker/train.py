@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from nereus.engines.pipeline import LossFn, StageLink, forward_backward, forward_logits, stage_link
 from nereus.engines.vocab import GatherLastDim
-from nereus.runtime.state import UnitState
+from nereus.runtime.worker.state import UnitState
 
 _GatherLastDim = GatherLastDim  # the name older callers import
 

@@ -3,11 +3,11 @@
 Rank 0 compiles the transition DAG from the units of the running plan that survive on the new
 pool to the target plan (pure core, :func:`nereus.control.planner_port.compile_dag`) and
 broadcasts it as plain data; every rank then runs its primitives
-(:func:`nereus.runtime.dag_exec.run_dag`): units that survive the change keep their
+(:func:`nereus.runtime.execution.dag.run_dag`): units that survive the change keep their
 tensors, new ones receive exactly the bytes whose owner changes. When no DAG exists — every
 replica of some model-stage sat on removed ranks, or no order fits memory — rank 0 broadcasts
 the reason instead and every rank takes the in-process gather+reload path
-(:mod:`nereus.runtime.transition_exec`); the log records which executor ran and why.
+(:mod:`nereus.runtime.execution.gather_reload`); the log records which executor ran and why.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 import torch.distributed as dist
 
 from nereus.errors import InfeasiblePlanError, TransitionError
-from nereus.runtime.control_plane import Message
-from nereus.runtime.dag_exec import run_dag
-from nereus.runtime.dag_wire import dag_from_wire, dag_to_wire
-from nereus.runtime.transition_exec import gather_state, state_bytes
-from nereus.runtime.units import PlanUnits, release_units
+from nereus.runtime.execution.dag import run_dag
+from nereus.runtime.execution.gather_reload import gather_state, state_bytes
+from nereus.runtime.mpi.plane import Message
+from nereus.runtime.worker.units import PlanUnits, release_units
 from nereus.spec.plan import ExecutionPlan
+from nereus.transition.wire import dag_from_wire, dag_to_wire
 
 EXECUTORS = ("dag", "gather-reload")
 

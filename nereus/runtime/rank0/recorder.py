@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from nereus.config.run import RunConfig
 from nereus.config.schema import Config
 from nereus.control.planner_port import setup_for
 from nereus.control.signals import Observation
 from nereus.cost.memory import gpu_memory
 from nereus.log.writer import RunLogWriter
-from nereus.runtime.controller_rank import RankZeroController, decision_dict, plan_label
-from nereus.runtime.run_config import RunConfig
+from nereus.runtime.rank0.controller import RankZeroController, decision_dict, plan_label
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from nereus.config.run import RunConfig
 from nereus.emu.shards import tensor_specs
 from nereus.engines.backend import MEGATRON, GenerationEngine, MegatronEngine
-from nereus.runtime.run_config import RunConfig
-from nereus.runtime.state import UnitState
-from nereus.runtime.train import link_of
-from nereus.runtime.units import StageUnits, local_pieces
+from nereus.runtime.worker.state import UnitState
+from nereus.runtime.worker.train import link_of
+from nereus.runtime.worker.units import StageUnits, local_pieces
 from nereus.spec.job import Setup
 
 _CACHE_ATTR = "_nereus_vllm_engine"
