@@ -182,10 +182,10 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
     """The live transitions, in one job; saves a checkpoint before each (timed separately)."""
     import torch.distributed as dist
 
-    from nereus.emu.primitives import destroy, extend, merge, split
+    from nereus.emu.primitives import Destroy, extend_node, merge_node, split_node
     from nereus.emu.unit import Layout
     from nereus.runtime.execution.dcp_restart import save_units
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.spec.model import MODEL_PRESETS
 
@@ -193,7 +193,7 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
     # Each rank plays a GPU of DEVICE_BYTES, as nereus run's CPU ranks do: freed memory is kept
     # and the device's memory is touched once here, before any row is timed.
     reserve_s = reserve(DEVICE_BYTES) if retain_freed_memory() else 0.0
-    ex = Executor(spec, rank, store, "bench", timeout_s=600.0)
+    ex = TorchExecutor(spec, rank, store, "bench", timeout_s=600.0)
     out: dict[str, Any] = {"p2p_s": _p2p(rank, store, 32 * 2**20),
                            "pairs_s": _p2p_pairs(rank, store, 32 * 2**20), "rows": [],
                            "reserve_s": reserve_s}
@@ -225,39 +225,42 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
         seconds, transfer_s, network_s = _timed(ex, run)
         out["rows"].append({"transition": name, "save_s": save_s, "seconds": seconds,
                             "transfer_s": transfer_s, "network_s": network_s, "p2p_s": p2p_s,
-                            "bytes_moved": sum(op.bytes_moved for op in ops),
-                            "bytes_min": sum(op.bytes_min for op in ops),
+                            "bytes_moved": sum(ex.plan_of(op).bytes_moved for op in ops
+                                               if not isinstance(op, Destroy)),
+                            "bytes_min": sum(ex.plan_of(op).bytes_min for op in ops
+                                             if not isinstance(op, Destroy)),
                             "targets": sorted(ex.units), "path": path})
 
     src = _units(2, 2, 1)
     start(src)
-    ext = [extend(spec, src, tuple(range(4, 6))), extend(spec, src, tuple(range(6, 8)))]
+    # one new replica from each existing one (as the DAG's broadcast heap assigns donors)
+    ext = [extend_node(src[0], tuple(range(4, 6))), extend_node(src[1], tuple(range(6, 8)))]
     row("Extend dp 2→4 (tp2)", ext, lambda: ex.concurrent(ext))
-    live = src + [x.result for x in ext]
-    des = [destroy(u, live) for u in live[2:]]
+    live = src + [x.new for x in ext]
+    des = [Destroy(u, 0) for u in live[2:]]
 
     def destroy_all() -> None:
         for d in des:
-            ex.destroy(d)
+            ex.destroy(d, live)
 
     row("Destroy dp 4→2 (tp2)", des, destroy_all)
-    spl = [split(spec, u, Layout(1, 1)) for u in src]
+    spl = [split_node(u, Layout(1, 1)) for u in src]
     row("Split tp 2→1 (dp 2→4)", spl, lambda: ex.concurrent(spl))
-    parts = [s.results for s in spl]
-    mer = [merge(spec, list(p), Layout(2, 1)) for p in parts]
+    parts = [s.into for s in spl]
+    mer = [merge_node(list(p), Layout(2, 1)) for p in parts]
     row("Merge tp 1→2 (dp 4→2)", mer, lambda: ex.concurrent(mer))
     start(_units(4, 1, 2))
     pp_src = _units(4, 1, 2)
-    mpp = [merge(spec, pp_src[i:i + 2], Layout(1, 4)) for i in (0, 2)]
+    mpp = [merge_node(pp_src[i:i + 2], Layout(1, 4)) for i in (0, 2)]
     row("Merge pp 2→4 (dp 4→2)", mpp, lambda: ex.concurrent(mpp))
     start(_units(4, 2, 1))
     c1 = _units(4, 2, 1)
-    cm = [merge(spec, c1[i:i + 2], Layout(4, 1)) for i in (0, 2)]
+    cm = [merge_node(c1[i:i + 2], Layout(4, 1)) for i in (0, 2)]
     row("(4,2,1)→(2,4,1)", cm, lambda: ex.concurrent(cm))
     start(_units(2, 2, 2))
     c2 = _units(2, 2, 2)
-    cs = [split(spec, u, Layout(2, 1)) for u in c2]
-    cmm = [merge(spec, list(s.results), Layout(4, 1)) for s in cs]
+    cs = [split_node(u, Layout(2, 1)) for u in c2]
+    cmm = [merge_node(list(s.into), Layout(4, 1)) for s in cs]
 
     def split_then_merge() -> None:
         ex.concurrent(cs)
@@ -281,13 +284,13 @@ def split_modes(rank: int, store: Any, model: str) -> list[dict[str, Any]]:
     """Split tp 2→1 of two tp2 units on ranks 0-3 as pairwise sends vs one gloo all-gather per
     block, twice each, in a job of its own (the all-gather's buffers need several GB that the
     main job's device reserve leaves no room for); no reserve, the same conditions for both."""
-    from nereus.emu.primitives import split
+    from nereus.emu.primitives import split_node
     from nereus.emu.unit import Layout
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS[model]
-    ex = Executor(spec, rank, store, "modes", timeout_s=600.0)
+    ex = TorchExecutor(spec, rank, store, "modes", timeout_s=600.0)
     src = _units(2, 2, 1)
     out = []
     for allgather in (False, True, False, True):
@@ -297,7 +300,7 @@ def split_modes(rank: int, store: Any, model: str) -> list[dict[str, Any]]:
             ex.create(u)
         _fill(ex)
         ex.split_allgather = allgather
-        sp = [split(spec, u, Layout(1, 1)) for u in src]
+        sp = [split_node(u, Layout(1, 1)) for u in src]
         seconds, transfer_s, _ = _timed(ex, lambda sp=sp: ex.concurrent(sp))
         out.append({"allgather": allgather, "seconds": seconds, "transfer_s": transfer_s})
     return out
@@ -308,11 +311,11 @@ def restart(rank: int, store: Any, model: str, path: str, targets: list[Any]) ->
     import torch.distributed as dist
 
     from nereus.runtime.execution.dcp_restart import load_units
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.spec.model import MODEL_PRESETS
 
     t0 = time.perf_counter()
-    ex = Executor(MODEL_PRESETS[model], rank, store, "restart", timeout_s=600.0)
+    ex = TorchExecutor(MODEL_PRESETS[model], rank, store, "restart", timeout_s=600.0)
     for u in targets:
         ex.create(u, initialize=False)
     build_s = time.perf_counter() - t0

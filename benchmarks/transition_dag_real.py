@@ -84,9 +84,9 @@ def _random_units(rng: random.Random, spec: tuple[tuple[str, int, int, int], ...
 
 
 def _draw(setup: Any, rng: random.Random, cur: Any, tgt: Any) -> tuple[Any, int]:
+    from nereus.emu.primitives import model_state_sizer
     from nereus.errors import InfeasiblePlanError, TransitionError
-    from nereus.transition.compile import compile_transition
-    from nereus.transition.primitives import model_state_sizer
+    from nereus.transition.reference.compile import compile_transition
 
     wf = setup.job.workflow
     sizer = model_state_sizer({ms.name: setup.job.model(ms.role) for ms in wf.model_stages},
@@ -225,7 +225,7 @@ class _Components:
 
     def next(self, now_s: float) -> tuple[str, float]:
         """("start", i) | ("sleep", seconds) | ("done", 0) | ("deadlock", 0)."""
-        from nereus.transition.primitives import Extend
+        from nereus.emu.primitives import Extend
 
         later = [self.launch[m] for m in self.order
                  if self.pos[m] < len(self.order[m]) and self.launch[m] > now_s]
@@ -245,7 +245,7 @@ class _Components:
         return "deadlock", 0.0
 
     def finished(self, i: int) -> None:
-        from nereus.transition.primitives import Destroy, produced
+        from nereus.emu.primitives import Destroy, produced
 
         p = self.dag.primitives[i]
         if isinstance(p, Destroy):

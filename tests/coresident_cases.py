@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from transition_cases import tiny_model
 
+from nereus.emu.primitives import StateSizer, model_state_sizer, shard_bytes
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.spec.workflow import Workflow, build_workflow
-from nereus.transition.primitives import StateSizer, model_state_sizer, shard_bytes
 
 
 @dataclass(frozen=True)

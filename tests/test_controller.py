@@ -19,6 +19,7 @@ from nereus.control.horizon import SignalHorizon
 from nereus.control.signals import GEN_LEN, MEMORY, POOL, Observation
 from nereus.spec.job import ControllerSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan
+from nereus.transition.planned import PlannedTransition
 
 
 def plan_on(gpus: tuple[int, ...], tp: int = 1) -> ExecutionPlan:
@@ -32,7 +33,7 @@ class TablePort:
 
     offers: list[tuple[ExecutionPlan, float]]
     latency: dict[ExecutionPlan, float]
-    transition: dict[ExecutionPlan, float | None] = field(default_factory=dict)
+    costs: dict[ExecutionPlan, float | None] = field(default_factory=dict)
     max_gen_len: float = 1e9
     calls: int = 0
 
@@ -46,8 +47,15 @@ class TablePort:
         self.calls += 1
         return [o for o in self.offers if all(g in obs.pool for g in _gpus(o[0]))]
 
-    def transition_s(self, current: ExecutionPlan, target: ExecutionPlan) -> float | None:
-        return self.transition.get(target, 1.0)
+    def transition(self, current: ExecutionPlan, target: ExecutionPlan
+                   ) -> PlannedTransition | None:
+        cost = self.costs.get(target, 1.0)
+        return None if cost is None else planned(cost)
+
+
+def planned(cost_s: float) -> PlannedTransition:
+    """A planned transition of L̂_tran ``cost_s`` (its DAG does not matter to admission)."""
+    return PlannedTransition.restart(cost_s, "test double: no DAG")
 
 
 def _gpus(plan: ExecutionPlan) -> set[int]:
@@ -140,10 +148,10 @@ def test_urgent_without_executable_transition_falls_back_to_restart() -> None:
 
 def test_fallback_to_slower_target_with_cheaper_transition() -> None:
     fast, slower = B, C
-    opts = (PlanOption(fast, 5.0, None), PlanOption(slower, 6.0, 0.5))
+    opts = (PlanOption(fast, 5.0, None), PlanOption(slower, 6.0, planned(0.5)))
     adm = admit_opportunistic(10.0, opts, gamma=0.5, horizon_steps=1.0)
     assert adm.admitted and adm.target == slower and "fallback" in adm.reason
-    opts = (PlanOption(fast, 5.0, 100.0), PlanOption(slower, 6.0, 1.0))
+    opts = (PlanOption(fast, 5.0, planned(100.0)), PlanOption(slower, 6.0, planned(1.0)))
     adm = admit_opportunistic(10.0, opts, gamma=0.5, horizon_steps=1.0)
     assert adm.admitted and adm.target == slower
 

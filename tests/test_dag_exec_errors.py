@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+from nereus.emu.primitives import model_state_sizer
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import CommunicationError
 from nereus.runtime.execution import torch_executor as runtime_prims
@@ -14,8 +15,7 @@ from nereus.runtime.execution.dag import RankDagExecutor
 from nereus.spec.hardware import CPU_VIRTUAL, ClusterSpec
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import TINY_GPT
-from nereus.transition.compile import compile_transition
-from nereus.transition.primitives import model_state_sizer
+from nereus.transition.reference.compile import compile_transition
 
 SETUP = Setup(JobSpec("ppo", "sync", (("actor", TINY_GPT), ("critic", TINY_GPT),
                                       ("reference", TINY_GPT)),
@@ -32,10 +32,10 @@ def test_a_failed_transfer_names_its_wave_and_model_stage(monkeypatch: pytest.Mo
     dag = compile_transition(src, tgt, sizer)
     extend = next(i for i, p in enumerate(dag.primitives) if type(p).__name__ == "Extend")
 
-    def fails(self: runtime_prims.Executor, ops: object) -> None:
+    def fails(self: runtime_prims.TorchExecutor, ops: object) -> None:
         raise CommunicationError("rank 2: recv from rank 3 failed (timeout 1 s): Timed out")
 
-    monkeypatch.setattr(runtime_prims.Executor, "concurrent", fails)
+    monkeypatch.setattr(runtime_prims.TorchExecutor, "concurrent", fails)
     ex = RankDagExecutor(SETUP, dag, {}, 2, dist.HashStore(), "t", timeout_s=1.0, lr=1e-3)
     ex.start(extend, dag.primitives[extend])
     with pytest.raises(CommunicationError) as err:

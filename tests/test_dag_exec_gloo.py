@@ -17,15 +17,15 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from nereus.emu.primitives import model_state_sizer
 from nereus.emu.shards import shards_at, tensor_specs
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import InfeasiblePlanError, TransitionError
 from nereus.spec.hardware import CPU_VIRTUAL, ClusterSpec
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import TINY_GPT
-from nereus.transition.compile import compile_transition
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import model_state_sizer
+from nereus.transition.reference.compile import compile_transition
 from nereus.transition.wire import dag_from_wire, dag_to_wire
 
 WORLD = 4

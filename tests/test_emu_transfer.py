@@ -8,9 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.emu.boxes import Box, intersect, subtract_all
-from nereus.emu.primitives import destroy, extend, merge, split, weight_sync
+from nereus.emu.primitives import check_destroy, merge_node, split_node
 from nereus.emu.shards import tensor_specs
-from nereus.emu.transfer import TransferPlan, plan_transfer, unit_shards
+from nereus.emu.transfer import (
+    TransferPlan,
+    node_transfer,
+    plan_transfer,
+    unit_shards,
+    weight_sync_plan,
+)
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import TransitionError
 from nereus.spec.model import TINY_GPT, ModelSpec
@@ -99,16 +105,18 @@ def test_split_then_merge(big: Layout, small: Layout, base: int) -> None:
     if not small.divides(big):
         return
     emu = Emu("actor-train", "s", big, tuple(range(base, base + big.size)))
-    s = split(SPEC, emu, small, gpus_per_node=64)
-    _check_plan(SPEC, s.plan)
-    assert s.bytes_moved == s.bytes_min
+    s = split_node(emu, small)
+    sp = node_transfer(SPEC, s, gpus_per_node=64)
+    _check_plan(SPEC, sp)
+    assert sp.bytes_moved == sp.bytes_min
     # The position-wise all-gather: every non-local move stays inside its block.
     block_of = {g: i for i, blk in enumerate(s.blocks()) for g in blk}
-    assert all(block_of[m.src_gpu] == block_of[m.dst_gpu] for m in s.plan.moves)
-    m = merge(SPEC, s.results, big, gpus_per_node=4)
-    assert m.result == emu
-    _check_plan(SPEC, m.plan)
-    assert m.bytes_moved == m.bytes_min == 0  # every merged shard is already resident
+    assert all(block_of[m.src_gpu] == block_of[m.dst_gpu] for m in sp.moves)
+    m = merge_node(s.into, big)
+    assert m.into == emu
+    mp = node_transfer(SPEC, m, gpus_per_node=4)
+    _check_plan(SPEC, mp)
+    assert mp.bytes_moved == mp.bytes_min == 0  # every merged shard is already resident
 
 
 @settings(max_examples=40, deadline=None)
@@ -117,15 +125,13 @@ def test_extend_sends_every_byte_once_and_balances(layout: Layout, n_replicas: i
     reps = [Emu("m", "s", layout, tuple(range(i * layout.size, (i + 1) * layout.size)))
             for i in range(n_replicas)]
     new = tuple(range(n_replicas * layout.size, (n_replicas + 1) * layout.size))
-    x = extend(SPEC, reps, new, gpus_per_node=64)
-    _check_plan(SPEC, x.plan)
-    total = sum(int(np.prod(s.local_shape)) for _, s in unit_shards(SPEC, x.result)) * 12
+    result = Emu("m", "s", layout, new)
+    x = plan_transfer(SPEC, reps, [result], gpus_per_node=64)  # a new replica from all of them
+    _check_plan(SPEC, x)
+    total = sum(int(np.prod(s.local_shape)) for _, s in unit_shards(SPEC, result)) * 12
     assert x.bytes_moved == x.bytes_min == total
-    sent: dict[int, int] = {}
-    for mv in x.plan.moves:
-        sent[mv.src_gpu] = sent.get(mv.src_gpu, 0) + mv.values
     if n_replicas > 1:
-        assert len({mv.src_unit for mv in x.plan.moves}) > 1  # more than one replica sends
+        assert len({mv.src_unit for mv in x.moves}) > 1  # more than one replica sends
 
 
 @settings(max_examples=60, deadline=None)
@@ -137,7 +143,7 @@ def test_any_reshard_and_weight_sync(a: Layout, b: Layout, offset: int, n_src: i
     plan = plan_transfer(SPEC, srcs, [dst], gpus_per_node=4)
     _check_plan(SPEC, plan, seed=offset)
     assert plan.bytes_moved == plan.bytes_min
-    ws = weight_sync(SPEC, srcs, [dst])
+    ws = weight_sync_plan(SPEC, srcs, [dst])
     assert ws.fields == 1 and ws.bytes_moved * 3 == plan.bytes_moved
 
 
@@ -145,18 +151,18 @@ def test_same_node_preferred() -> None:
     # Two replicas: GPUs 0-1 (node 0) and 2-3 (node 1); the new unit on node 1 (GPUs 4,5 with 4
     # per node → node 1) must read only from node-1 sources.
     reps = [Emu("m", "s", Layout(2, 1), (0, 1)), Emu("m", "s", Layout(2, 1), (6, 7))]
-    x = extend(TINY_GPT, reps, (4, 5), gpus_per_node=4)
-    assert {mv.src_gpu for mv in x.plan.moves} == {6, 7}
+    x = plan_transfer(TINY_GPT, reps, [Emu("m", "s", Layout(2, 1), (4, 5))], gpus_per_node=4)
+    assert {mv.src_gpu for mv in x.moves} == {6, 7}
 
 
 def test_destroy_refuses_last_copy() -> None:
     a = Emu("m", "s", Layout(1, 1), (0,))
     b = Emu("m", "s", Layout(1, 1), (1,))
-    assert destroy(a, [a, b]).survivors == (b,)
+    assert check_destroy(a, [a, b]) == (b,)
     with pytest.raises(TransitionError):
-        destroy(a, [a])
+        check_destroy(a, [a])
     with pytest.raises(TransitionError):
-        destroy(a, [a, Emu("m", "other-state", Layout(1, 1), (1,))])
+        check_destroy(a, [a, Emu("m", "other-state", Layout(1, 1), (1,))])
 
 
 @settings(max_examples=20, deadline=None)
@@ -166,9 +172,10 @@ def test_combined_extends_cover_both_targets(layout: Layout) -> None:
 
     reps = [Emu("m", "s", layout, tuple(range(i * layout.size, (i + 1) * layout.size)))
             for i in range(2)]
-    x1 = extend(SPEC, reps, tuple(range(2 * layout.size, 3 * layout.size)))
-    x2 = extend(SPEC, reps, tuple(range(3 * layout.size, 4 * layout.size)))
-    plan = combine_plans([x1.plan, x2.plan])
-    assert plan.sources == tuple(reps) and plan.targets == (x1.result, x2.result)
+    new = [Emu("m", "s", layout, tuple(range(k * layout.size, (k + 1) * layout.size)))
+           for k in (2, 3)]
+    x1, x2 = (plan_transfer(SPEC, reps, [n]) for n in new)
+    plan = combine_plans([x1, x2])
+    assert plan.sources == tuple(reps) and plan.targets == tuple(new)
     _check_plan(SPEC, plan)
     assert plan.bytes_moved == plan.bytes_min == x1.bytes_min + x2.bytes_min

@@ -16,7 +16,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nereus.emu.primitives import Destroy, Extend, Merge, Split, destroy, extend, merge, split
+from nereus.emu.primitives import (
+    Destroy,
+    Extend,
+    Merge,
+    Split,
+    consumed,
+    extend_node,
+    merge_node,
+    produced,
+    split_node,
+)
 from nereus.emu.shards import check_layout, shards_at, tensor_specs
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import ConfigError
@@ -55,22 +65,27 @@ MODES = ("default", "direct", "allgather")
 def _run_sequence(rank: int, world: int, store: Any, initial: Emu, ops: list[Any],
                   seed: int, run_id: int, mode: str = "default") -> list[dict[Emu, Any]]:
     import nereus.runtime.execution.pack as rpack
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.state import Counters, load_global
 
     assert rpack.DIRECT_MIN_VALUES == DEFAULT_DIRECT_MIN
     if mode != "default":
         rpack.DIRECT_MIN_VALUES = 1
     try:
-        ex = Executor(SPEC, rank, store, f"run{run_id}", timeout_s=30.0)
+        ex = TorchExecutor(SPEC, rank, store, f"run{run_id}", timeout_s=30.0)
         ex.split_allgather = mode == "allgather"
         ex.overlap_local = None if mode == "default" else True  # None: the device decides
         ex.create(initial, counters=Counters(*COUNTERS), step=STEP)
         if initial in ex.units:
             load_global(ex.units[initial], global_state(seed))
         snaps = [_snapshot(ex)]
+        live = {initial}
         for op in ops:
-            getattr(ex, type(op).__name__.lower())(op)
+            if isinstance(op, Destroy):
+                ex.destroy(op, live)  # refuses the last copy
+            else:
+                getattr(ex, type(op).__name__.lower())(op)
+            live = (live - set(consumed(op))) | set(produced(op))
             snaps.append(_snapshot(ex))
     finally:
         rpack.DIRECT_MIN_VALUES = DEFAULT_DIRECT_MIN
@@ -134,17 +149,17 @@ def sequences(draw: st.DrawFn) -> tuple[Emu, list[Any]]:
                     options.append(("merge", tuple(same[:k]), lt))
         kind, a, b = draw(st.sampled_from(sorted(set(options), key=repr)))
         if kind == "split":
-            op: Any = split(SPEC, a, b)
-            units = [u for u in units if u != a] + list(op.results)
+            op: Any = split_node(a, b)
+            units = [u for u in units if u != a] + list(op.into)
         elif kind == "extend":
-            op = extend(SPEC, [u for u in units if u.layout == a.layout], b)
-            units = [*units, op.result]
+            op = extend_node(a, b)
+            units = [*units, op.new]
         elif kind == "destroy":
-            op = destroy(a, units)
+            op = Destroy(a, 0)
             units = [u for u in units if u != a]
         else:
-            op = merge(SPEC, list(a), b)
-            units = [u for u in units if u not in a] + [op.result]
+            op = merge_node(list(a), b)
+            units = [u for u in units if u not in a] + [op.into]
         ops.append(op)
     return Emu("actor-train", "s", lay, tuple(range(lay.size))), ops
 
@@ -159,10 +174,10 @@ def pool() -> Any:
 def _all_four() -> tuple[Emu, list[Any]]:
     """Extend (1,2) → 2 replicas, Merge into (2,2), Split into four (1,1), Destroy one."""
     a = Emu("actor-train", "s", Layout(1, 2), (0, 1))
-    x = extend(SPEC, [a], (2, 3))
-    m = merge(SPEC, [a, x.result], Layout(2, 2))
-    s = split(SPEC, m.result, Layout(1, 1))
-    return a, [x, m, s, destroy(s.results[0], s.results)]
+    x = extend_node(a, (2, 3))
+    m = merge_node([a, x.new], Layout(2, 2))
+    s = split_node(m.into, Layout(1, 1))
+    return a, [x, m, s, Destroy(s.into[0], 0)]
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
@@ -172,6 +187,8 @@ def _all_four() -> tuple[Emu, list[Any]]:
 @given(sequences(), st.integers(0, 2**16), st.sampled_from(MODES))
 def test_random_sequences_preserve_state_bit_for_bit(pool: Any, seq: tuple[Emu, list[Any]],
                                                       seed: int, mode: str) -> None:
+    from nereus.emu.transfer import node_transfer
+
     initial, ops = seq
     per_step = pool.run(_run_sequence, initial, ops, seed, next(RUN_IDS), mode)
     want = global_state(seed)
@@ -179,17 +196,13 @@ def test_random_sequences_preserve_state_bit_for_bit(pool: Any, seq: tuple[Emu, 
     for i in range(len(ops) + 1):
         if i:
             op = ops[i - 1]
-            if isinstance(op, Split):
-                live = [u for u in live if u != op.source] + list(op.results)
-                assert op.bytes_moved == op.bytes_min
+            live = [u for u in live if u not in consumed(op)] + list(produced(op))
+            if isinstance(op, (Split, Extend)):
+                plan = node_transfer(SPEC, op)
+                assert plan.bytes_moved == plan.bytes_min
             elif isinstance(op, Merge):
-                live = [u for u in live if u not in op.sources] + [op.result]
-                assert op.bytes_moved == op.bytes_min == 0
-            elif isinstance(op, Extend):
-                live = [*live, op.result]
-                assert op.bytes_moved == op.bytes_min
-            elif isinstance(op, Destroy):
-                live = [u for u in live if u != op.unit]
+                plan = node_transfer(SPEC, op)
+                assert plan.bytes_moved == plan.bytes_min == 0
         snaps = [r[i] for r in per_step]
         held = {emu for s in snaps for emu in s}
         assert held == set(live), (i, held, live)
@@ -216,11 +229,11 @@ def _train_compare(rank: int, world: int, store: Any, run_id: int, seed: int) ->
     import torch.distributed as dist
     from megatron_meta import load_via_megatron
 
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.state import Counters, load_global
     from nereus.runtime.worker.train import train_step
 
-    ex = Executor(SPEC, rank, store, f"train{run_id}", timeout_s=30.0)
+    ex = TorchExecutor(SPEC, rank, store, f"train{run_id}", timeout_s=30.0)
     glob = global_state(seed)
     first = Emu("actor-train", "s", Layout(2, 1), (0, 1))
     ex.create(first, counters=Counters(*COUNTERS), step=STEP)
@@ -228,20 +241,20 @@ def _train_compare(rank: int, world: int, store: Any, run_id: int, seed: int) ->
         load_global(ex.units[first], glob)
     out: dict[str, Any] = {}
     # Split tp2 → two tp1 units; the direct tp1 model on GPU 2 is loaded through Megatron.
-    s = split(SPEC, first, Layout(1, 1))
+    s = split_node(first, Layout(1, 1))
     ex.split(s)
     direct1 = Emu("actor-train", "direct", Layout(1, 1), (2,))
     ex.create(direct1, counters=Counters(*COUNTERS), step=STEP)
     if direct1 in ex.units:
         load_via_megatron(ex.units[direct1], glob)
     tokens, labels = _batch(seed)
-    for emu in (*s.results, direct1):
+    for emu in (*s.into, direct1):
         if emu in ex.units:
             train_step(ex.units[emu], tokens, labels)
     out["after_split"] = _snapshot(ex)
     # Merge the two trained tp1 replicas → tp2; the direct tp2 model on GPUs 2,3 is loaded from
     # the same (trained) state, taken from the direct tp1 unit on GPU 2 (tp1·pp1 = whole model).
-    m = merge(SPEC, list(s.results), Layout(2, 1))
+    m = merge_node(list(s.into), Layout(2, 1))
     ex.merge(m)
     box: list[Any] = [None]
     if rank == 2:
@@ -254,7 +267,7 @@ def _train_compare(rank: int, world: int, store: Any, run_id: int, seed: int) ->
     if direct2 in ex.units:
         load_via_megatron(ex.units[direct2], trained)
     tokens, labels = _batch(seed + 1)
-    for emu in (m.result, direct2, direct1):
+    for emu in (m.into, direct2, direct1):
         if emu in ex.units:
             train_step(ex.units[emu], tokens, labels)
     out["after_merge"] = _snapshot(ex)
@@ -295,19 +308,19 @@ def test_training_step_after_split_and_merge_matches_direct_build(pool: Any) -> 
 
 
 def _weight_sync(rank: int, world: int, store: Any, run_id: int, seed: int) -> list[Any]:
-    from nereus.emu.primitives import weight_sync
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.emu.transfer import weight_sync_plan
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.state import load_global
     from nereus.runtime.worker.train import train_step
 
-    ex = Executor(SPEC, rank, store, f"sync{run_id}", timeout_s=30.0)
+    ex = TorchExecutor(SPEC, rank, store, f"sync{run_id}", timeout_s=30.0)
     train = Emu("actor-train", "s", Layout(2, 1), (0, 1))
     gens = [Emu("actor-gen", "g", Layout(1, 1), (2,)), Emu("actor-gen", "g", Layout(1, 1), (3,))]
     for e in (train, *gens):
         ex.create(e)
     if train in ex.units:
         load_global(ex.units[train], global_state(seed))
-    plan = weight_sync(SPEC, [train], gens)
+    plan = weight_sync_plan(SPEC, [train], gens)
     snaps = []
     for step in range(2):
         if step and train in ex.units:
@@ -318,11 +331,11 @@ def _weight_sync(rank: int, world: int, store: Any, run_id: int, seed: int) -> l
 
 
 def test_weight_sync_train_to_gen_layout(pool: Any) -> None:
-    from nereus.emu.primitives import weight_sync
+    from nereus.emu.transfer import weight_sync_plan
 
     train = Emu("actor-train", "s", Layout(2, 1), (0, 1))
     gens = [Emu("actor-gen", "g", Layout(1, 1), (2,)), Emu("actor-gen", "g", Layout(1, 1), (3,))]
-    plan = weight_sync(SPEC, [train], gens)
+    plan = weight_sync_plan(SPEC, [train], gens)
     assert plan.bytes_moved == plan.bytes_min > 0 and plan.fields == 1
     res = pool.run(_weight_sync, next(RUN_IDS), 9)
     for step in range(2):
@@ -343,10 +356,10 @@ def test_weight_sync_train_to_gen_layout(pool: Any) -> None:
 def _checkpoint_reshard(rank: int, world: int, store: Any, run_id: int, seed: int,
                         path: str) -> list[Any]:
     from nereus.runtime.execution.dcp_restart import load_units, save_units
-    from nereus.runtime.execution.torch_executor import Executor
+    from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.state import Counters, load_global
 
-    ex = Executor(SPEC, rank, store, f"ckpt{run_id}", timeout_s=30.0)
+    ex = TorchExecutor(SPEC, rank, store, f"ckpt{run_id}", timeout_s=30.0)
     source = Emu("actor-train", "s", Layout(2, 2), (0, 1, 2, 3))
     ex.create(source, counters=Counters(*COUNTERS), step=STEP)
     load_global(ex.units[source], global_state(seed))
@@ -388,7 +401,7 @@ def _killed_during_split(rank: int, world: int, store: Any, run_id: int, seed: i
     from nereus.errors import CommunicationError
     from nereus.runtime.worker.state import load_global
 
-    ex = rp.Executor(SPEC, rank, store, f"kill{run_id}", timeout_s=KILL_TIMEOUT_S)
+    ex = rp.TorchExecutor(SPEC, rank, store, f"kill{run_id}", timeout_s=KILL_TIMEOUT_S)
     source = Emu("actor-train", "s", Layout(2, 2), (0, 1, 2, 3))
     ex.create(source, step=STEP)
     load_global(ex.units[source], global_state(seed))
@@ -403,7 +416,7 @@ def _killed_during_split(rank: int, world: int, store: Any, run_id: int, seed: i
     rp.execute_plan = dying
     t0 = time.monotonic()
     try:
-        ex.split(split(SPEC, source, Layout(1, 1)))
+        ex.split(split_node(source, Layout(1, 1)))
         return ("no error", time.monotonic() - t0, None)
     except CommunicationError as e:
         return (str(e), time.monotonic() - t0, _snapshot(ex))

@@ -6,11 +6,10 @@ The watcher's queries run through a recorded ``scontrol`` transcript (the runner
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from nereus.cluster.env import WATCH_CONF, WATCH_JOB, WATCH_NODES, watch_target, watch_variables
-from nereus.config.run import Event, RunConfig
+from nereus.config.run import Event
 from nereus.runtime.rank0.cluster_events import ClusterEvents, node_indices
 
 JOB_ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_ID": "0",
@@ -37,20 +36,6 @@ def _node(name: str, state: str) -> str:
     return f"NodeName={name} State={state} Reason=test\n"
 
 
-@dataclass
-class FakeLog:
-    events: list[tuple[int, str, Any]] = field(default_factory=list)
-
-    def log_event(self, step: int, kind: str, detail: Any) -> None:
-        self.events.append((step, kind, detail))
-
-
-@dataclass
-class FakeRecorder:
-    rc: RunConfig
-    log: FakeLog
-
-
 def test_lost_node_becomes_a_remove_node_event_once() -> None:
     target = watch_target(JOB_ENV)
     assert target is not None
@@ -67,12 +52,47 @@ def test_lost_node_becomes_a_remove_node_event_once() -> None:
         return answers[(len(calls) - 1) // 2][(len(calls) - 1) % 2]
 
     ce.watcher.runner = runner
-    rec = FakeRecorder(RunConfig(ranks=6), FakeLog())
     names = node_indices(target, 3)
     assert names == {"n1": 0, "n2": 1, "n3": 2}
-    assert ce.apply(rec, 0, names) == []
-    assert ce.apply(rec, 1, names) == ["n3"]
-    assert rec.rc.events == (Event(1, "remove_node", 2),)
-    assert rec.log.events == [(1, "slurm-nodes-lost", {"nodes": ["n3"], "job": "42"})]
-    assert ce.apply(rec, 2, names) == []  # reported once
+    assert ce.lost(3) == {}
+    assert ce.lost(3) == {"n3": 2}
+    assert ce.lost(3) == {}  # reported once
     assert calls[0][:4] == ["scontrol", "show", "job", "-o"]
+
+
+class OneLoss:
+    """A Slurm watch that reports node n3 (virtual node 1 of a 2-node run) lost once."""
+
+    job_id = "42"
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def lost(self, nodes: int) -> dict[str, int]:
+        self.polls += 1
+        return {"n3": 1} if self.polls == 2 else {}
+
+
+def test_rank_zero_turns_a_lost_node_into_a_remove_node_event_and_a_smaller_pool() -> None:
+    from pathlib import Path
+
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.runtime.rank0.controller import RankZeroController
+    from nereus.runtime.rank0.loop import RankZero
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "ppo-tiny-cpu.yaml"
+    cfg = load_config(str(example))
+    rc, setup = parse_runtime({**cfg.section("runtime"), "events": []}, cfg.setup, ranks=8)
+    ctl = RankZeroController(setup, adapt=True)
+    ctl.set_pool(range(8))
+    rz = RankZero(ctl, recorder=None, rc=rc, cluster=OneLoss())  # type: ignore[arg-type]
+    gathered = [{"rank": r, "step_s": 1.0, "stage_s": {}, "peak_bytes": 0, "oom": [],
+                 "len_mean": 8.0, "len_p95": 9.0} for r in range(8)]
+    first = rz.observe(0, gathered)
+    assert first.events == [] and first.pool == tuple(range(8))
+    seen = rz.observe(1, gathered)
+    assert rz.rc.events == (Event(1, "remove_node", 1),)
+    assert seen.events[0] == ("slurm-nodes-lost", {"nodes": ["n3"], "job": "42"})
+    assert seen.events[1][0] == "gpu-pool-change"
+    assert seen.pool == (0, 1, 2, 3) and seen.obs.pool == (0, 1, 2, 3)

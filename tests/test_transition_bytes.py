@@ -19,13 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nereus.emu.shards import state_values
-from nereus.emu.transfer import plan_transfer
-from nereus.emu.unit import Emu, Layout
-from nereus.spec.model import MODEL_PRESETS, ModelSpec
-from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition.compile import compile_plans
-from nereus.transition.primitives import (
+from nereus.emu.primitives import (
     Destroy,
     Extend,
     Merge,
@@ -35,7 +29,13 @@ from nereus.transition.primitives import (
     model_state_sizer,
     replicated_params,
 )
-from nereus.transition.regions import GROUPINGS, sub_units
+from nereus.emu.regions import GROUPINGS, sub_units
+from nereus.emu.shards import state_values
+from nereus.emu.transfer import plan_transfer
+from nereus.emu.unit import Emu, Layout
+from nereus.spec.model import MODEL_PRESETS, ModelSpec
+from nereus.spec.plan import ExecutionPlan, StagePlan
+from nereus.transition.reference.compile import compile_plans
 from nereus.transition.validate import validate_dag
 
 ROUNDING_BYTES = 2  # per analytic flow

@@ -9,11 +9,11 @@ from coresident_cases import coresident_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nereus.emu.primitives import Extend, consumed, shard_bytes
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import TransitionError
 from nereus.spec.workflow import build_workflow
-from nereus.transition.compile import check_collection, compile_plans, compile_transition
-from nereus.transition.primitives import Extend, consumed, shard_bytes
+from nereus.transition.reference.compile import check_collection, compile_plans, compile_transition
 from nereus.transition.schedule import Scheduler
 from nereus.transition.validate import validate_dag
 

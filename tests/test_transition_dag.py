@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transition_cases import case
 
+from nereus.emu.primitives import Destroy, Extend, Merge, Split
+from nereus.emu.regions import gather_transfers, merge_gpus, region, sub_units
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
-from nereus.transition.compile import check_collection, compile_plans, compile_transition
-from nereus.transition.primitives import Destroy, Extend, Merge, Split
-from nereus.transition.regions import gather_transfers, merge_gpus, region, sub_units
+from nereus.transition.reference.compile import check_collection, compile_plans, compile_transition
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive
 from nereus.transition.validate import validate_dag
 

@@ -1,4 +1,4 @@
-"""Tier 1 (pure): the batched planning path (:mod:`nereus.transition.fast`) gives the reference
+"""Tier 1 (pure): the batched planning path (:mod:`nereus.transition.batched.plan`) gives the reference
 compiler's DAG — the same primitives, edges, order and L̂_tran, or the same error — on random
 placements (no periodic structure), capacity-bound, co-resident and interrupted collections."""
 
@@ -12,17 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transition_cases import case
 
+from nereus.emu.primitives import StateSizer, model_state_sizer
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import H200, ClusterSpec
 from nereus.spec.model import LLAMA_3_1_8B, TINY_GPT
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.spec.workflow import build_workflow
-from nereus.transition import fast
-from nereus.transition.compile import compile_plans, compile_transition
+from nereus.transition import planned
+from nereus.transition.batched import plan as fast
 from nereus.transition.cost import transition_cost_s
-from nereus.transition.fast import PlannedTransition, plan_plans, plan_transition
-from nereus.transition.primitives import StateSizer, model_state_sizer
+from nereus.transition.planned import PlannedTransition
+from nereus.transition.reference.compile import compile_plans, compile_transition
 from nereus.transition.schedule import Scheduler
 from nereus.transition.wire import dag_from_wire, dag_to_wire
 
@@ -40,6 +41,25 @@ def _cluster(pool: list[int], gpn: int = 2) -> ClusterSpec:
     return ClusterSpec(max(1, -(-(max(pool) + 1) // gpn)), gpn, H200)
 
 
+ANY_CLUSTER = ClusterSpec(64, 8, H200)  # where the cost is not compared
+
+
+def plan_plans(*args, cluster: ClusterSpec = ANY_CLUSTER, **kw) -> PlannedTransition:  # type: ignore[no-untyped-def]
+    return planned.plan_plans(*args, cluster, **kw)
+
+
+def plan_transition(*args, cluster: ClusterSpec = ANY_CLUSTER, **kw) -> PlannedTransition:  # type: ignore[no-untyped-def]
+    return planned.plan_units(*args, cluster, **kw)
+
+
+def plans_on(cluster: ClusterSpec, *args, **kw) -> PlannedTransition:  # type: ignore[no-untyped-def]
+    return planned.plan_plans(*args, cluster, **kw)
+
+
+def units_on(cluster: ClusterSpec, *args, **kw) -> PlannedTransition:  # type: ignore[no-untyped-def]
+    return planned.plan_units(*args, cluster, **kw)
+
+
 def _outcome(fn):  # type: ignore[no-untyped-def]
     try:
         return fn(), None
@@ -50,7 +70,7 @@ def _outcome(fn):  # type: ignore[no-untyped-def]
 def _same(ref_fn, fast_fn, cluster: ClusterSpec) -> PlannedTransition | None:  # type: ignore[no-untyped-def]
     """The reference and the batched path agree: the same DAG and L̂_tran, or the same error."""
     ref, ref_err = _outcome(ref_fn)
-    got, got_err = _outcome(fast_fn)
+    got, got_err = _outcome(lambda: fast_fn(cluster))
     assert ref_err == got_err
     if ref is None:
         return None
@@ -59,7 +79,7 @@ def _same(ref_fn, fast_fn, cluster: ClusterSpec) -> PlannedTransition | None:  #
     assert dag.edges == ref.edges
     assert dag.order == ref.order
     assert dag == ref  # and source, target, t_sub, conflicts, sizes
-    assert got.cost_s(cluster) == transition_cost_s(ref, cluster)
+    assert got.cost_s == transition_cost_s(ref, cluster)
     return got
 
 
@@ -85,9 +105,9 @@ def test_random_placements_match_the_reference(seed: int, memory: str) -> None:
     kw = dict(capacity_bytes=cap, spare_gpus=spare, replicated=rep)
     cl = _cluster(pool, rng.choice([1, 2, 4]))
     _same(lambda: compile_plans(cur, tgt, states, sizer, **kw),
-          lambda: plan_plans(cur, tgt, states, sizer, **kw), cl)
+          lambda cl_: plans_on(cl_, cur, tgt, states, sizer, **kw), cl)
     _same(lambda: compile_transition(src, dst, sizer, **kw),
-          lambda: plan_transition(src, dst, sizer, **kw), cl)
+          lambda cl_: units_on(cl_, src, dst, sizer, **kw), cl)
 
 
 @SETTINGS
@@ -98,7 +118,7 @@ def test_coresident_placements_match_the_reference(seed: int) -> None:
               spare_gpus=c.pool)
     cl = _cluster(c.pool)
     _same(lambda: compile_plans(c.current, c.target, c.states, c.sizer, **kw),
-          lambda: plan_plans(c.current, c.target, c.states, c.sizer, **kw), cl)
+          lambda cl_: plans_on(cl_, c.current, c.target, c.states, c.sizer, **kw), cl)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,7 +138,7 @@ def test_interrupted_collections_match_the_reference(seed: int, cut: float) -> N
     mid = tuple(sorted(sched.live))
     dst = emus_of_plan(tgt, states)
     _same(lambda: compile_transition(mid, dst, sizer, spare_gpus=pool),
-          lambda: plan_transition(mid, dst, sizer, spare_gpus=pool), _cluster(pool))
+          lambda cl_: units_on(cl_, mid, dst, sizer, spare_gpus=pool), _cluster(pool))
 
 
 @SETTINGS
@@ -130,7 +150,7 @@ def test_survivors_on_a_smaller_pool_match_the_reference(seed: int) -> None:
     live = set(alive)
     src = tuple(u for u in emus_of_plan(cur, states) if live.issuperset(u.gpus))
     _same(lambda: compile_transition(src, emus_of_plan(tgt, states), sizer),
-          lambda: plan_plans(cur, tgt, states, sizer, alive=alive), _cluster(pool))
+          lambda cl_: plans_on(cl_, cur, tgt, states, sizer, alive=alive), _cluster(pool))
 
 
 @st.composite
@@ -157,7 +177,7 @@ def test_executor_sized_collections_match_the_reference(units: tuple[tuple[Emu, 
                               {"actor-train": True, "actor-gen": False})
     conflicts = build_workflow("ppo", "sync", reward_model=False).concurrent
     got = _same(lambda: compile_transition(src, dst, sizer, conflicts=conflicts),
-                lambda: plan_transition(src, dst, sizer, conflicts=conflicts),
+                lambda cl_: units_on(cl_, src, dst, sizer, conflicts=conflicts),
                 ClusterSpec(2, 2, H200))
     if got is not None:
         assert dag_from_wire(dag_to_wire(got.dag)) == got.dag
@@ -191,7 +211,7 @@ def test_disjoint_block_plans_take_the_batched_path() -> None:
                        ("critic-inf", 2, 2, 1), ("actor-train", 4, 8, 1),
                        ("critic-train", 2, 2, 2)))
     got = _same(lambda: compile_plans(cur, tgt, STATES, LLAMA, capacity_bytes=H200.memory_bytes),
-                lambda: plan_plans(cur, tgt, STATES, LLAMA, capacity_bytes=H200.memory_bytes),
+                lambda cl_: plans_on(cl_, cur, tgt, STATES, LLAMA, capacity_bytes=H200.memory_bytes),
                 ClusterSpec(8, 8, H200))
     assert got is not None and got.batched is not None
     # the executor's wire format carries the expanded DAG unchanged (plain ints throughout)
@@ -212,7 +232,7 @@ def test_coresident_phase_plans_order_memory_on_the_batched_path() -> None:
                   (("critic-train", 8, 2, 2), ("actor-train", 8, 8, 1))))
     kw = dict(capacity_bytes=H200.memory_bytes, conflicts=PPO.concurrent)
     got = _same(lambda: compile_plans(cur, tgt, STATES, LLAMA, **kw),
-                lambda: plan_plans(cur, tgt, STATES, LLAMA, **kw), ClusterSpec(4, 8, H200))
+                lambda cl_: plans_on(cl_, cur, tgt, STATES, LLAMA, **kw), ClusterSpec(4, 8, H200))
     assert got is not None and got.batched is not None
     assert got.batched.extra  # "memory" edges were needed and built on the arrays
     assert all(kind == "memory" for _, _, kind in got.batched.extra)
@@ -287,7 +307,7 @@ def test_a_lone_donor_reads_as_the_round_replay(blocked: list[bool], donor: int,
     """The shortcut for a pool of only the donor gives the round-by-round replay's order."""
     import numpy as np
 
-    from nereus.transition.fast_sources import _replay, heap_rounds
+    from nereus.transition.batched.sources import _replay, heap_rounds
 
     n = len(blocked)
     slots = np.arange(100, 100 + n)
@@ -304,7 +324,7 @@ def test_a_pool_that_fills_every_slot_reads_as_the_round_replay(data: st.DataObj
     """The shortcut for a pool at least as large as the slots gives the replay's order."""
     import numpy as np
 
-    from nereus.transition.fast_sources import _replay, heap_rounds
+    from nereus.transition.batched.sources import _replay, heap_rounds
 
     k = n + more
     pool = np.array(data.draw(st.lists(st.integers(0, 999), min_size=k, max_size=k,

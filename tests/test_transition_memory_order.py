@@ -7,12 +7,12 @@ import pytest
 from coresident_cases import coresident_case
 from test_transition_coresident import _run
 
+from nereus.emu.primitives import Destroy, Extend
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import TransitionError
 from nereus.spec.workflow import build_workflow
-from nereus.transition import compile as compile_mod
-from nereus.transition.compile import compile_plans, compile_transition
-from nereus.transition.primitives import Destroy, Extend
+from nereus.transition.reference import compile as compile_mod
+from nereus.transition.reference.compile import compile_plans, compile_transition
 from nereus.transition.validate import validate_dag
 
 PPO = build_workflow("ppo", "sync", reward_model=True)

@@ -1,4 +1,5 @@
-"""The controller's transition call (``planner_port.compile_dag``) between planner-made plans.
+"""The controller's transition call (:func:`nereus.transition.plan_transition`) between
+planner-made plans.
 
 Real plans put model-stages of different phases on the same GPUs: Llama-3.1-8B PPO (no reward
 model) on 16 H200 GPUs, plans returned by ``search_plan`` for generated lengths 1024 and 4096.
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from nereus.control.planner_port import compile_dag, stage_states
 from nereus.cost.calibration import default_calibration
+from nereus.emu.primitives import model_state_sizer
 from nereus.emu.unit import emus_of_plan
 from nereus.errors import TransitionError
 from nereus.plan.search import search_plan
@@ -17,9 +18,10 @@ from nereus.spec.hardware import H200, ClusterSpec
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import LLAMA_3_1_8B
 from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition.compile import check_collection
+from nereus.transition import plan_transition
 from nereus.transition.cost import transition_cost_s
-from nereus.transition.primitives import model_state_sizer
+from nereus.transition.planned import stage_states
+from nereus.transition.reference.compile import check_collection
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive
 from nereus.transition.validate import validate_dag
 
@@ -69,7 +71,7 @@ def test_compile_dag_between_gen_lengths(plans: dict[str, ExecutionPlan], cur: s
                                          tgt: str) -> None:
     assert plans[cur] != plans[tgt]
     setup = _setup(1024)
-    dag = compile_dag(setup, plans[cur], plans[tgt])
+    dag = plan_transition(setup, plans[cur], plans[tgt]).dag
     assert dag.primitives
     _check(setup, dag)
 
@@ -80,7 +82,7 @@ def test_compile_dag_after_losing_a_node(plans: dict[str, ExecutionPlan]) -> Non
     # The planner's 16-GPU plans keep each trainer on one node: losing GPUs 8-15 loses the
     # last replica of one of them, which must come from a checkpoint.
     with pytest.raises(TransitionError, match=r"every replica of .*-train was lost"):
-        compile_dag(setup, plans["short"], plans["short8"], survivors)
+        plan_transition(setup, plans["short"], plans["short8"], survivors)
     # A 16-GPU plan with a replica of every model-stage on each node (the 8-GPU plan mirrored
     # onto GPUs 8-15): only the surviving units enter the DAG, which reaches the 8-GPU plan of
     # the other generated length.
@@ -89,7 +91,7 @@ def test_compile_dag_after_losing_a_node(plans: dict[str, ExecutionPlan]) -> Non
                   sp.recompute,
                   replicas=sp.replicas + tuple(tuple(g + 8 for g in r) for r in sp.replicas))
         for sp in plans["short8"].stages))
-    dag = compile_dag(setup, mirrored, plans["long8"], survivors)
+    dag = plan_transition(setup, mirrored, plans["long8"], survivors).dag
     assert all(g < 8 for u in dag.source for g in u.gpus)
     assert len(dag.source) == len(emus_of_plan(plans["short8"], stage_states(setup)))
     _check(setup, dag)
@@ -98,15 +100,17 @@ def test_compile_dag_after_losing_a_node(plans: dict[str, ExecutionPlan]) -> Non
 def _reference(setup: Setup, cur: ExecutionPlan, tgt: ExecutionPlan, pool=None):  # type: ignore[no-untyped-def]
     """What the controller compiled before the batched path: the reference compiler on the
     surviving units."""
-    from nereus.control.planner_port import surviving_units
-    from nereus.transition.compile import compile_transition
-    from nereus.transition.primitives import model_replicated_sizer
+    from nereus.emu.primitives import model_replicated_sizer
+    from nereus.transition.reference.compile import compile_transition
 
     wf = setup.job.workflow
     models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
     trainable = {ms.name: ms.trainable for ms in wf.model_stages}
+    units = emus_of_plan(cur, stage_states(setup))
+    alive = set(pool) if pool is not None else None
+    surviving = tuple(u for u in units if alive is None or alive.issuperset(u.gpus))
     return compile_transition(
-        surviving_units(setup, cur, pool), emus_of_plan(tgt, stage_states(setup)),
+        surviving, emus_of_plan(tgt, stage_states(setup)),
         model_state_sizer(models, trainable, setup.job.dtype_bytes), capacity_bytes=CAP,
         conflicts=wf.concurrent,
         replicated=model_replicated_sizer(models, trainable, setup.job.dtype_bytes))
@@ -116,11 +120,9 @@ def _reference(setup: Setup, cur: ExecutionPlan, tgt: ExecutionPlan, pool=None):
 def test_batched_planning_equals_the_reference(plans: dict[str, ExecutionPlan], cur: str,
                                                tgt: str) -> None:
     """The controller plans on the batched path: same DAG and L̂_tran as the reference."""
-    from nereus.control.planner_port import plan_dag
-
     setup = _setup(1024)
-    planned = plan_dag(setup, plans[cur], plans[tgt])
+    planned = plan_transition(setup, plans[cur], plans[tgt])
     ref = _reference(setup, plans[cur], plans[tgt])
     assert planned.batched is not None
     assert planned.dag == ref
-    assert planned.cost_s(setup.cluster) == transition_cost_s(ref, setup.cluster)
+    assert planned.cost_s == transition_cost_s(ref, setup.cluster)

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transition_cases import random_case
 
+from nereus.emu.primitives import Destroy, Extend
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import H200, ClusterSpec
 from nereus.transition.baselines import exact_makespan, per_component_simulate
-from nereus.transition.compile import compile_plans, compile_transition
 from nereus.transition.cost import critical_path_s, durations_s, primitive_duration_s
-from nereus.transition.primitives import Destroy, Extend
+from nereus.transition.reference.compile import compile_plans, compile_transition
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive, simulate
 
 CLUSTER = ClusterSpec(2, 4, H200)

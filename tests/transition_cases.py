@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import random
 
+from nereus.emu.primitives import StateSizer, model_state_sizer
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition.compile import compile_plans
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import StateSizer, model_state_sizer
+from nereus.transition.reference.compile import compile_plans
 
 NAMES = ("actor-gen", "ref-inf", "reward-inf", "critic-train")
 

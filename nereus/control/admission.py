@@ -6,16 +6,23 @@ import math
 from dataclasses import dataclass
 
 from nereus.spec.plan import ExecutionPlan
+from nereus.transition.planned import PlannedTransition
 
 
 @dataclass(frozen=True)
 class PlanOption:
-    """A plan with its predicted step latency; ``transition_s`` is None when no transition DAG
-    from the current plan exists (the target fails the feasibility check)."""
+    """A plan with its predicted step latency and the planned transition to it from the current
+    plan; ``transition`` is None when no executable transition exists (the target fails the
+    feasibility check) or there is no current plan."""
 
     plan: ExecutionPlan
     step_s: float
-    transition_s: float | None
+    transition: PlannedTransition | None
+
+    @property
+    def transition_s(self) -> float | None:
+        """L̂_tran, or None when no executable transition exists."""
+        return None if self.transition is None else self.transition.cost_s
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class Admission:
     delta_l_s: float = 0.0  # predicted step-latency gain of the target over the current plan
     transition_s: float = 0.0
     horizon_steps: float = 0.0
+    transition: PlannedTransition | None = None  # the admitted target's, planned once
 
 
 def payback_ok(delta_l_s: float, transition_s: float, gamma: float, horizon_steps: float) -> bool:
@@ -40,10 +48,10 @@ def admit_urgent(options: tuple[PlanOption, ...]) -> Admission:
     """The current plan is infeasible: take the fastest executable target, waiving profitability;
     if no target has an executable transition, fall back to checkpoint/restart into the fastest."""
     for opt in options:
-        if opt.transition_s is not None:
+        if opt.transition is not None:
             return Admission(
                 True, "urgent", "current plan infeasible; fastest executable target",
-                opt.plan, transition_s=opt.transition_s,
+                opt.plan, transition_s=opt.transition.cost_s, transition=opt.transition,
             )
     if options:
         return Admission(
@@ -75,19 +83,20 @@ def admit_opportunistic(
         if delta <= 0.0 or math.isclose(delta, 0.0, abs_tol=1e-12):
             best_reason = best_reason or "no target is faster than the current plan"
             break  # options are sorted: every later one is slower still
-        if opt.transition_s is None:
+        if opt.transition is None:
             best_reason = best_reason or f"S* has no executable transition (option {i})"
             continue
-        if payback_ok(delta, opt.transition_s, gamma, horizon_steps):
+        cost_s = opt.transition.cost_s
+        if payback_ok(delta, cost_s, gamma, horizon_steps):
             why = "S*" if i == 0 else f"fallback option {i} (S* failed: {best_reason})"
             return Admission(
                 True, "opportunistic",
-                f"{why}: payback {opt.transition_s / delta:.2f} steps <= "
+                f"{why}: payback {cost_s / delta:.2f} steps <= "
                 f"gamma*H = {gamma * horizon_steps:.2f}",
-                opt.plan, delta, opt.transition_s, horizon_steps,
+                opt.plan, delta, cost_s, horizon_steps, opt.transition,
             )
         best_reason = best_reason or (
-            f"payback {opt.transition_s / delta:.2f} steps > gamma*H = {gamma * horizon_steps:.2f}"
+            f"payback {cost_s / delta:.2f} steps > gamma*H = {gamma * horizon_steps:.2f}"
         )
     s_star = options[0]
     return Admission(

@@ -16,6 +16,7 @@ from nereus.control.horizon import SignalHorizon
 from nereus.control.signals import EFFICIENCY_PREFIX, GEN_LEN, MEMORY, POOL, Observation
 from nereus.spec.job import ControllerSpec
 from nereus.spec.plan import ExecutionPlan
+from nereus.transition.planned import PlannedTransition
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,10 @@ class PlannerPort(Protocol):
         are slightly slower plans with cheaper transitions from ``current``."""
         ...
 
-    def transition_s(self, current: ExecutionPlan, target: ExecutionPlan) -> float | None:
-        """L̂_tran of the transition DAG, or None when no executable DAG exists."""
+    def transition(self, current: ExecutionPlan, target: ExecutionPlan
+                   ) -> PlannedTransition | None:
+        """The planned transition (its DAG and L̂_tran), or None when none is executable. The
+        decision carries it from here to the ranks: nothing downstream plans it again."""
         ...
 
 
@@ -165,7 +168,7 @@ def controller_step(
         PlanOption(
             plan,
             step_s,
-            None if state.plan is None else port.transition_s(state.plan, plan),
+            None if state.plan is None else port.transition(state.plan, plan),
         )
         for plan, step_s in port.options(obs, state.plan)
     )

@@ -1,4 +1,5 @@
-"""The planner port the controller calls: plan search, plan evaluation and transition cost.
+"""The planner port the controller calls: plan search, plan evaluation and the planned
+transition (its DAG and L̂_tran, :func:`nereus.transition.plan_transition`).
 
 Pure: the cost model, the plan search and the transition-DAG compiler over plain data. The same
 port serves the simulator and the runtime.
@@ -14,15 +15,14 @@ from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration
 from nereus.cost.latency import stage_latency, step_latency_s
 from nereus.cost.memory import gpu_memory, memory_capacity_bytes
-from nereus.emu.unit import Emu, emus_of_plan
+from nereus.emu.unit import emus_of_plan
 from nereus.errors import InfeasiblePlanError, TransitionError
 from nereus.plan.candidates import CostCache
 from nereus.plan.search import search_plan
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.dag import TransitionDag
-from nereus.transition.fast import PlannedTransition, plan_plans
-from nereus.transition.primitives import model_replicated_sizer, model_state_sizer
+from nereus.transition.planned import PlannedTransition, plan_transition, stage_states
 
 
 def setup_for(setup: Setup, obs: Observation) -> Setup:
@@ -32,62 +32,10 @@ def setup_for(setup: Setup, obs: Observation) -> Setup:
     return replace(setup, job=replace(setup.job, gen_len=mean, gen_len_p95=p95))
 
 
-def stage_states(setup: Setup) -> dict[str, str]:
-    """Logical state per model-stage for the DAG: each model-stage's units are replicas of one
-    state (actor-gen holds weights only, actor-train weights and optimizer: distinct states)."""
-    return {ms.name: ms.name for ms in setup.job.workflow.model_stages}
-
-
 def plan_step_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> float:
     wf = setup.job.workflow
     times = {sp.name: stage_latency(setup, wf.by_name(sp.name), sp.candidate, calib).total_s for sp in plan.stages}
     return step_latency_s(wf, times)
-
-
-def surviving_units(setup: Setup, plan: ExecutionPlan, pool: Sequence[int] | None) -> tuple[Emu, ...]:
-    """The EMUs of ``plan`` whose GPUs are all still in ``pool`` (all of them when None)."""
-    units = emus_of_plan(plan, stage_states(setup))
-    if pool is None:
-        return units
-    alive = set(pool)
-    return tuple(u for u in units if alive.issuperset(u.gpus))
-
-
-def plan_dag(
-    setup: Setup, current: ExecutionPlan, target: ExecutionPlan, pool: Sequence[int] | None = None
-) -> PlannedTransition:
-    """The transition from the units of ``current`` that survive on ``pool`` to ``target``,
-    planned on the batched path (:func:`nereus.transition.fast.plan_plans`): ``.cost_s`` is
-    L̂_tran, ``.dag`` the per-primitive DAG (built on demand; what :func:`compile_dag` returns).
-
-    Raises TransitionError when no DAG exists — including when every replica of some
-    model-stage was lost (its state must come from a checkpoint)."""
-    wf = setup.job.workflow
-    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
-    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
-    sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
-    replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
-    alive = None if pool is None else set(pool)
-    lost = sorted(sp.name for sp in current.stages
-                  if not any(alive is None or alive.issuperset(r) for r in sp.replicas))
-    if lost:
-        raise TransitionError(f"every replica of {', '.join(lost)} was lost")
-    return plan_plans(
-        current, target, stage_states(setup), sizer,
-        capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
-        replicated=replicated, alive=alive,
-    )
-
-
-def compile_dag(
-    setup: Setup, current: ExecutionPlan, target: ExecutionPlan, pool: Sequence[int] | None = None
-) -> TransitionDag:
-    """The transition DAG from the units of ``current`` that survive on ``pool`` to ``target``
-    (the DAG :func:`nereus.transition.compile.compile_transition` builds from those units).
-
-    Raises TransitionError when no DAG exists — including when every replica of some
-    model-stage was lost (its state must come from a checkpoint)."""
-    return plan_dag(setup, current, target, pool).dag
 
 
 @dataclass(frozen=True)
@@ -141,11 +89,14 @@ class SearchPort:
         out.sort(key=lambda o: o[1])
         return out
 
-    def transition_s(self, current: ExecutionPlan, target: ExecutionPlan) -> float | None:
+    def transition(self, current: ExecutionPlan, target: ExecutionPlan
+                   ) -> PlannedTransition | None:
+        """:func:`nereus.transition.plan_transition` from the units of ``current`` alive on the
+        pool to ``target``; None when no DAG exists."""
         if current == target:
-            return 0.0
+            units = emus_of_plan(current, stage_states(self.setup))
+            return PlannedTransition(0.0, reference=TransitionDag(units, units, (), (), ()))
         try:
-            planned = plan_dag(self.setup, current, target, self.pool)
+            return plan_transition(self.setup, current, target, self.pool)
         except TransitionError:
             return None
-        return planned.cost_s(self.setup.cluster)

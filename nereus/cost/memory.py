@@ -40,13 +40,13 @@ from nereus.cost.workload import (
 )
 from nereus.errors import ConfigError
 from nereus.spec.job import Setup
+from nereus.spec.model import ADAM_FP32_BYTES_PER_PARAM
 from nereus.spec.plan import Candidate, ExecutionPlan
 from nereus.spec.workflow import ModelStage
 
 GIB = 1 << 30
 WORKSPACE_BYTES = 1 * GIB
 CPU_WORKSPACE_BYTES = 64 << 20
-ADAM_BYTES_PER_PARAM = 12
 LOGIT_BYTES = 4  # fp32 logits for the loss / log-probs
 
 
@@ -102,7 +102,7 @@ def _rank_memory(w: Workload, st: PipelineStage, workspace: int, factor: float) 
     if w.kind == "train":
         s = w.max_seq_len
         grads = B * st.params
-        optimizer = ADAM_BYTES_PER_PARAM * st.params
+        optimizer = ADAM_FP32_BYTES_PER_PARAM * st.params
         in_flight = min(w.pp - st.pp_rank, w.micro_batches)
         per_layer = _layer_activation_bytes(w, s, b)
         if w.recompute:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nereus.emu.boxes import Box, intersect, subtract_all
+from nereus.emu.primitives import TransferNode, sources_of, targets_of
 from nereus.emu.shards import LocalShard, Piece, shards_at
 from nereus.emu.unit import Emu
 from nereus.errors import TransitionError
@@ -198,3 +199,21 @@ def combine_plans(plans: Sequence[TransferPlan]) -> TransferPlan:
         raise TransitionError(f"combined source units overlap on GPUs: {sorted(src_gpus)}")
     return TransferPlan(tuple(sources), tuple(targets), tuple(moves),
                         sum(p.bytes_min for p in plans), plans[0].value_bytes, plans[0].fields)
+
+
+def node_transfer(spec: ModelSpec, node: TransferNode, *, gpus_per_node: int = 8,
+                  fields: int = 3) -> TransferPlan:
+    """The exact per-tensor transfer plan of one DAG primitive (a Split, Merge or Extend record
+    of :mod:`nereus.emu.primitives`): its source units' shards into its target units, by the
+    shard rules of ``spec``. ``fields``: 3 for a trained model-stage (parameters and Adam's two
+    moments), 1 for one that only holds weights."""
+    return plan_transfer(spec, sources_of(node), targets_of(node), gpus_per_node=gpus_per_node,
+                         fields=fields)
+
+
+def weight_sync_plan(spec: ModelSpec, train_units: Sequence[Emu], gen_units: Sequence[Emu], *,
+                     gpus_per_node: int = 8) -> TransferPlan:
+    """Parameters only (one field) from the trained model-stage's units into its frozen copy's
+    units (actor-train → actor-gen, critic-train → critic-inf)."""
+    return plan_transfer(spec, list(train_units), list(gen_units), gpus_per_node=gpus_per_node,
+                         fields=1)

@@ -6,7 +6,10 @@ the controller reason about.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from nereus.spec.plan import ExecutionPlan
 
@@ -55,3 +58,20 @@ def emus_of_plan(plan: ExecutionPlan, states: dict[str, str]) -> tuple[Emu, ...]
         for rep in sp.replicas:
             out.append(Emu(sp.name, states[sp.name], Layout(sp.tp, sp.pp), tuple(rep)))
     return tuple(out)
+
+
+def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
+    """Layouts every one of ``layouts`` splits into (T_sub candidates): the per-axis gcd first,
+    then every layout dividing it, largest first."""
+    tp = pp = 0
+    for lay in layouts:
+        tp, pp = math.gcd(tp, lay.tp), math.gcd(pp, lay.pp)
+    cands = [Layout(t, p) for t in range(1, tp + 1) if tp % t == 0 for p in range(1, pp + 1)
+             if pp % p == 0]
+    return tuple(sorted(cands, key=lambda lay: (-lay.size, -lay.tp)))
+
+
+@lru_cache(maxsize=1024)
+def sub_layout_candidates(layouts: frozenset[tuple[int, int]]) -> tuple[Layout, ...]:
+    """:func:`t_sub_candidates` of ``(tp, pp)`` pairs (cached: a plan has few distinct sets)."""
+    return t_sub_candidates([Layout(tp, pp) for tp, pp in layouts])

@@ -32,8 +32,8 @@ from nereus.sim.traces import GpuTrace, LengthTrace
 from nereus.sim.truth import HiddenTruth
 from nereus.spec.hardware import OpClass
 from nereus.spec.job import Setup
+from nereus.spec.model import state_bytes_per_param
 from nereus.spec.plan import ExecutionPlan
-from nereus.transition.primitives import ADAM_FP32_BYTES_PER_PARAM
 
 POLICIES = ("nereus", "static", "dynarl", "every-k", "oracle")
 # Checkpoint/restart (when no transition DAG exists): relaunch and engine start-up, plus writing
@@ -111,7 +111,7 @@ def restart_s(setup: Setup) -> float:
     state = 0
     for ms in wf.model_stages:
         params = setup.job.model(ms.role).num_params()
-        state += params * (setup.job.dtype_bytes + (ADAM_FP32_BYTES_PER_PARAM if ms.trainable else 0))
+        state += params * state_bytes_per_param(setup.job.dtype_bytes, ms.trainable)
     return RESTART_BASE_S + 2 * state / (RESTART_STORAGE_GBPS * 1e9)
 
 
@@ -192,10 +192,10 @@ def _baseline_outcome(
         return "initial", 0.0, target
     if cfg.policy == "oracle":
         return "transition", 0.0, target
-    pred = port.transition_s(plan, target)
-    if pred is None:
+    planned = port.transition(plan, target)
+    if planned is None:
         return "restart", restart_cost, target
-    return "transition", truth.transition_s(pred, step), target
+    return "transition", truth.transition_s(planned.cost_s, step), target
 
 
 def simulate(

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ADAM_FP32_BYTES_PER_PARAM = 12  # fp32 master weights + exp_avg + exp_avg_sq
+
+
+def state_bytes_per_param(dtype_bytes: int, trainable: bool) -> int:
+    """Bytes of a model-stage's logical state per parameter: the weights in ``dtype_bytes``,
+    plus fp32 Adam master weights and moments (12 B) where the model-stage trains. The one
+    figure the memory model, the transition DAG, the simulator and the runtime's restart
+    estimate all use."""
+    return dtype_bytes + (ADAM_FP32_BYTES_PER_PARAM if trainable else 0)
+
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -20,8 +20,8 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from nereus.emu.primitives import Destroy, Extend, produced
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Destroy, Extend, produced
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ over the inter-node link otherwise.
 
 from __future__ import annotations
 
+from nereus.emu.primitives import Destroy, Extend, Merge, Primitive, Split, shard_bytes
+from nereus.emu.regions import GROUPINGS, Flow, groupings_differ
 from nereus.spec.hardware import ClusterSpec
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split, shard_bytes
-from nereus.transition.regions import GROUPINGS, Flow, groupings_differ
 
 # Shape of a Split or Merge: its layouts, grouping and bytes, with its GPUs renumbered in order of
 # first appearance and each GPU's node renumbered likewise. Two primitives of one shape move the

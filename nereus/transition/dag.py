@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from nereus.emu.primitives import Primitive, shard_bytes
 from nereus.emu.unit import Emu
-from nereus.transition.primitives import Primitive, shard_bytes
 from nereus.transition.residency import Exclusion, exclusion_for
 
 # Edge kinds: "data" (a unit must exist / be read before it is consumed), "local" (a GPU of the same

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from nereus.emu.primitives import consumed, produced, read_only
 from nereus.emu.unit import Emu
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import consumed, produced, read_only
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from nereus.emu.primitives import Extend, Primitive, consumed, produced
 from nereus.emu.unit import Emu
 from nereus.errors import TransitionError
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Extend, Primitive, consumed, produced
 from nereus.transition.residency import ConflictSpec, exclusion_for
 
 

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nereus.emu.unit import Emu
-from nereus.errors import TransitionError
-from nereus.transition.dag import TransitionDag
-from nereus.transition.phases import gpu_phases, worst_bytes
-from nereus.transition.primitives import (
+from nereus.emu.primitives import (
     Destroy,
     Extend,
     StateSizer,
@@ -30,6 +26,10 @@ from nereus.transition.primitives import (
     produced,
     shard_bytes,
 )
+from nereus.emu.unit import Emu
+from nereus.errors import TransitionError
+from nereus.transition.dag import TransitionDag
+from nereus.transition.phases import gpu_phases, worst_bytes
 from nereus.transition.residency import ConflictSpec, excess_gpus, exclusion_for
 
 

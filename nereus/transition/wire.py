@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from nereus.emu.primitives import Destroy, Extend, Merge, Split
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import CommunicationError
 from nereus.transition.dag import TransitionDag
-from nereus.transition.primitives import Destroy, Extend, Merge, Split
 
 _KINDS: dict[str, type] = {"split": Split, "merge": Merge, "extend": Extend, "destroy": Destroy}
 _NAMES = {v: k for k, v in _KINDS.items()}

@@ -1,6 +1,8 @@
-"""Execute Split / Merge / Extend / Destroy and the actor weight sync over torch.distributed.
+"""The torch executor: Split / Merge / Extend / Destroy and the weight sync on real tensors.
 
-Every rank of the job runs the same sequence of (pure, deterministic) primitive records. A rank
+Every rank of the job runs the same sequence of primitive records — the transition DAG's own
+nodes (:mod:`nereus.emu.primitives`) — and computes each one's exact per-tensor transfer plan
+from the node and the model's shard rules (:func:`nereus.emu.transfer.node_transfer`). A rank
 taking part in a transfer joins a gloo group created for that transition only (unique store
 prefix, bounded timeout) and drops it afterwards; the unit groups of new units are created by
 every rank (``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at
@@ -8,7 +10,7 @@ once; per pair, contiguous source slices go as they are (no copy) straight into 
 destination slices, the rest packed into one buffer (:mod:`nereus.runtime.execution.pack`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
   GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
-  ``Executor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
+  ``TorchExecutor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
 - Merge: every merged shard is already resident; local copies only, nothing is sent;
 - Extend: rank-aligned pairwise transfers from the replicas to the new GPUs;
 - Destroy: drop the model and optimizer (only a redundant copy; TransitionError otherwise).
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from nereus.emu.boxes import Box
-from nereus.emu.primitives import Destroy, Extend, Merge, Split, destroy
+from nereus.emu.primitives import Destroy, Extend, Merge, Split, TransferNode, check_destroy
 from nereus.emu.shards import shards_at
-from nereus.emu.transfer import Move, TransferPlan, combine_plans
+from nereus.emu.transfer import Move, TransferPlan, combine_plans, node_transfer
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.execution.groups import TransitionGroup, transition_group, unit_groups
@@ -264,14 +266,20 @@ def _post_gather(plan: TransferPlan, block: tuple[int, ...], bgroup: TransitionG
     return (f"all-gather in block {block}", -1, work, scatter, bgroup.timeout_s)
 
 
-class Executor:
-    """Runs primitive records on one rank; ``units`` is what this rank holds."""
+class TorchExecutor:
+    """Runs one model-stage's primitive records on one rank over torch.distributed; ``units`` is
+    what this rank holds."""
 
     def __init__(self, spec: ModelSpec, global_rank: int, store: dist.Store, namespace: str, *,
-                 timeout_s: float = 30.0, lr: float = 1e-3) -> None:
-        """``namespace`` names this run of transitions (the same on every rank, new per run)."""
+                 fields: int = len(FIELDS), gpus_per_node: int = 8, timeout_s: float = 30.0,
+                 lr: float = 1e-3) -> None:
+        """``namespace`` names this run of transitions (the same on every rank, new per run);
+        ``fields``: 3 for a trained model-stage (parameters, Adam's moments), 1 for weights
+        only."""
         self.namespace = namespace
         self.spec = spec
+        self.fields = fields
+        self.gpus_per_node = gpus_per_node
         self.global_rank = global_rank
         self.store = store
         self.timeout_s = timeout_s
@@ -381,33 +389,48 @@ class Executor:
             if st is not None:
                 self.units[emu] = st
 
-    def split(self, op: Split) -> None:
-        made = self._transfer(op.plan, op.blocks())
-        self._install(op.plan, made, [op.source])
+    def plan_of(self, op: TransferNode) -> TransferPlan:
+        """The exact transfer plan of ``op`` (the same on every rank: a pure function)."""
+        return node_transfer(self.spec, op, gpus_per_node=self.gpus_per_node, fields=self.fields)
 
-    def merge(self, op: Merge) -> None:
-        made = self._transfer(op.plan)
-        self._install(op.plan, made, list(op.sources))
+    def split(self, op: Split) -> TransferPlan:
+        plan = self.plan_of(op)
+        made = self._transfer(plan, op.blocks())
+        self._install(plan, made, [op.src])
+        return plan
 
-    def extend(self, op: Extend) -> None:
-        made = self._transfer(op.plan)
-        self._install(op.plan, made, [])
+    def merge(self, op: Merge) -> TransferPlan:
+        plan = self.plan_of(op)
+        made = self._transfer(plan)
+        self._install(plan, made, list(op.srcs))
+        return plan
 
-    def concurrent(self, ops: Sequence[Split | Merge | Extend]) -> None:
-        """Run several transfer primitives as one pass (all their pairs at once)."""
-        plan = combine_plans([op.plan for op in ops])
+    def extend(self, op: Extend) -> TransferPlan:
+        plan = self.plan_of(op)
+        made = self._transfer(plan)
+        self._install(plan, made, [])
+        return plan
+
+    def concurrent(self, ops: Sequence[TransferNode]) -> list[TransferPlan]:
+        """Run several transfer primitives as one pass (all their pairs at once); returns each
+        one's plan, in order."""
+        plans = [self.plan_of(op) for op in ops]
+        plan = combine_plans(plans)
         made = self._transfer(plan, [b for op in ops if isinstance(op, Split)
                                      for b in op.blocks()])
         drop: list[Emu] = []
         for op in ops:
             if isinstance(op, Split):
-                drop.append(op.source)
+                drop.append(op.src)
             elif isinstance(op, Merge):
-                drop += op.sources
+                drop += op.srcs
         self._install(plan, made, drop)
+        return plans
 
-    def destroy(self, op: Destroy) -> None:
-        destroy(op.unit, op.survivors)  # re-checks: never the last copy
+    def destroy(self, op: Destroy, live: Iterable[Emu]) -> None:
+        """Drop ``op.unit`` — only while another replica of its state is among ``live`` (the
+        job's live units): never the last copy (TransitionError)."""
+        check_destroy(op.unit, live)
         self.units.pop(op.unit, None)
 
     def weight_sync(self, plan: TransferPlan) -> None:

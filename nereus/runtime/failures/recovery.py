@@ -157,22 +157,15 @@ class FailureHandler:
             blob = pickle.dumps((self.ctl, r.rows, r.transitions, r.transition_s))
         self.replica = plane.comm.bcast(blob, root=plane.root)
 
-    def cluster_events(self, plane: Any, step: int) -> None:
-        """Rank 0 under Slurm: nodes the allocation lost become ``remove_node`` events of this
-        step (``nereus.runtime.rank0.cluster_events``)."""
-        if not plane.is_root or self.recorder is None or self.setup is None:
-            return
+    def cluster_watch(self) -> Any:
+        """Rank 0 under Slurm: the watch of the allocation
+        (:class:`nereus.runtime.rank0.cluster_events.ClusterEvents`, kept across recoveries so
+        a node is reported lost once), else None."""
         if self._cluster is None:
-            from nereus.cluster.env import watch_target
-            from nereus.runtime.rank0.cluster_events import ClusterEvents
+            from nereus.runtime.rank0.cluster_events import cluster_events
 
-            target = watch_target(os.environ)
-            self._cluster = ClusterEvents(target) if target is not None else False
-        if self._cluster:
-            from nereus.runtime.rank0.cluster_events import node_indices
-
-            self._cluster.apply(self.recorder, step,
-                                node_indices(self._cluster.target, self.setup.cluster.nodes))
+            self._cluster = cluster_events(os.environ) or False
+        return self._cluster or None
 
     def checkpoint(self, plane: Any, step: int) -> None:
         """Every ``checkpoint_every`` steps: the state before ``step``, written by rank 0."""

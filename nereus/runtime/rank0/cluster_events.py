@@ -4,7 +4,7 @@ Under Slurm the controller rank polls the job with :class:`nereus.cluster.slurm_
 SlurmWatcher` at every step boundary. Virtual node i of the run is the i-th node of the step
 (``nereus run`` lays the ranks out node by node). A ``NodesLost`` event (``scontrol update
 nodename=n3 state=down``, a node that stops responding, a shrunken allocation) becomes a
-``remove_node`` event of this step: the controller sees a smaller pool and replans on the
+``remove_node`` event of this step (:meth:`nereus.runtime.rank0.loop.RankZero.observe`): the controller sees a smaller pool and replans on the
 urgent path. Ranks that Slurm actually kills are handled by ULFM (``nereus.runtime.failures.ulfm``);
 this path covers the node the scheduler takes away while its ranks still run — always the
 case for the emulated nodes of one host, where every rank is a child of task 0's mpiexec.
@@ -12,20 +12,19 @@ case for the emulated nodes of one host, where every rank is a child of task 0's
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from collections.abc import Mapping
 
 from nereus.cluster.env import WatchTarget
-from nereus.config.run import Event
 
 
 class ClusterEvents:
-    """Polls the Slurm job; turns lost nodes into ``remove_node`` run events."""
+    """Polls the Slurm job; reports the nodes it lost as virtual node indices of the run."""
 
     def __init__(self, target: WatchTarget) -> None:
         from nereus.cluster.slurm_watch import SlurmWatcher, make_subprocess_runner
 
         self.target = target
+        self.job_id = target.job_id
         self.watcher = SlurmWatcher(target.job_id, watched=target.nodes,
                                     runner=make_subprocess_runner(env=dict(target.command_env)))
         self.removed: set[str] = set()
@@ -46,16 +45,19 @@ class ClusterEvents:
         self.removed.update(out)
         return out
 
-    def apply(self, recorder: Any, step: int, node_of_name: dict[str, int]) -> list[str]:
-        """Add a ``remove_node`` event at ``step`` to the recorder's run config for every newly
-        lost node; returns their names."""
-        lost = [n for n in self.lost_nodes() if n in node_of_name]
-        if lost:
-            extra = tuple(Event(step, "remove_node", node_of_name[n]) for n in lost)
-            recorder.rc = replace(recorder.rc, events=recorder.rc.events + extra)
-            recorder.log.log_event(step, "slurm-nodes-lost",
-                                   {"nodes": lost, "job": self.target.job_id})
-        return lost
+    def lost(self, nodes: int) -> dict[str, int]:
+        """Nodes of the run (its ``nodes`` virtual nodes) newly lost since the last poll:
+        Slurm name → virtual node index."""
+        node_of_name = node_indices(self.target, nodes)
+        return {n: node_of_name[n] for n in self.lost_nodes() if n in node_of_name}
+
+
+def cluster_events(environ: Mapping[str, str]) -> ClusterEvents | None:
+    """The Slurm watch of this job (rank 0 under Slurm), or None outside Slurm."""
+    from nereus.cluster.env import watch_target
+
+    target = watch_target(environ)
+    return None if target is None else ClusterEvents(target)
 
 
 def node_indices(target: WatchTarget, nodes: int) -> dict[str, int]:

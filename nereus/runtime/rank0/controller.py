@@ -14,7 +14,7 @@ performs (gather the global state, reload into the new layout).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.control.controller import ControllerState, Decision, PlanEvaluation, controller_step
@@ -23,10 +23,11 @@ from nereus.control.signals import Observation
 from nereus.cost.calibration import default_calibration
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
-from nereus.errors import ConfigError
+from nereus.errors import ConfigError, InfeasiblePlanError, TransitionError
 from nereus.spec.job import Setup
+from nereus.spec.model import state_bytes_per_param
 from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition.primitives import ADAM_FP32_BYTES_PER_PARAM
+from nereus.transition import PlannedTransition, plan_transition
 
 MAX_PIN_ROUNDS = 4
 
@@ -40,7 +41,7 @@ def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: Execution
     for sp in changed:
         ms = setup.job.workflow.by_name(sp.name)
         params = setup.job.model(ms.role).num_params()
-        nbytes += params * (4 + (ADAM_FP32_BYTES_PER_PARAM if ms.trainable else 0))
+        nbytes += params * state_bytes_per_param(setup.job.dtype_bytes, ms.trainable)
     units = sum(sp.dp for sp in target.stages)
     return 2 * nbytes / (gpu.inter_node_gbps * 1e9) + units * gpu.comm_setup_s
 
@@ -48,6 +49,9 @@ def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: Execution
 @dataclass(frozen=True)
 class CpuPort:
     base: SearchPort
+    # (current, target, pool) → times planned: the controller's own tally (tests read it)
+    compilations: dict[tuple[ExecutionPlan, ExecutionPlan, tuple[int, ...] | None], int] = field(
+        default_factory=dict, compare=False, hash=False)
 
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         return self.base.evaluate(plan, obs)
@@ -94,11 +98,21 @@ class CpuPort:
         out.sort(key=lambda o: o[1])
         return out
 
-    def transition_s(self, current: ExecutionPlan, target: ExecutionPlan) -> float | None:
-        dag_s = self.base.transition_s(current, target)
-        if dag_s is not None:
-            return dag_s
-        return restart_in_process_s(self.base.setup, current, target)
+    def transition(self, current: ExecutionPlan, target: ExecutionPlan) -> PlannedTransition:
+        """The planned transition (the DAG from the units alive on the pool, and L̂_tran); where
+        no DAG exists, the in-process checkpoint/restart the runtime performs instead, with its
+        estimated cost and the reason. Every compilation is counted in ``compilations``."""
+        if current == target:
+            planned = self.base.transition(current, target)
+            assert planned is not None
+            return planned
+        key = (current, target, self.base.pool)
+        self.compilations[key] = self.compilations.get(key, 0) + 1
+        try:
+            return plan_transition(self.base.setup, current, target, self.base.pool)
+        except (TransitionError, InfeasiblePlanError) as e:
+            return PlannedTransition.restart(
+                restart_in_process_s(self.base.setup, current, target), str(e))
 
 
 class RankZeroController:
@@ -118,9 +132,13 @@ class RankZeroController:
         self.calib = default_calibration()
         self.state = ControllerState()
         self.pool: tuple[int, ...] = setup.cluster.all_gpus()
+        # transitions planned since the last boundary began (see CpuPort.compilations)
+        self.compilations: dict[tuple[ExecutionPlan, ExecutionPlan, tuple[int, ...] | None],
+                                int] = {}
 
     def port(self) -> CpuPort:
-        return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts))
+        return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts),
+                       self.compilations)
 
     def initial(self) -> tuple[ExecutionPlan | None, Decision]:
         job = self.setup.job
@@ -146,14 +164,16 @@ class RankZeroController:
             self.layouts = saved
         return d
 
-    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, int]]
-               ) -> ExecutionPlan | None:
-        """The best plan with ``layouts`` pinned (a forced transition, admission bypassed)."""
-        found = self.port().search(obs, layouts)
+    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, int]],
+               current: ExecutionPlan) -> tuple[ExecutionPlan, PlannedTransition] | None:
+        """The best plan with ``layouts`` pinned and the transition to it from ``current`` (a
+        forced transition, admission bypassed); None when no plan with them fits."""
+        port = self.port()
+        found = port.search(obs, layouts)
         if found is None:
             return None
         self.state = replace(self.state, plan=found[0], transitions=self.state.transitions + 1)
-        return found[0]
+        return found[0], port.transition(current, found[0])
 
 
 def plan_label(plan: ExecutionPlan) -> str:

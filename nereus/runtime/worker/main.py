@@ -162,12 +162,14 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     from nereus.runtime.mpi.plane import Message
     from nereus.runtime.mpi.rendezvous import rendezvous
     from nereus.runtime.rank0.controller import RankZeroController
+    from nereus.runtime.rank0.loop import RankZero
     from nereus.runtime.rank0.recorder import RunRecorder
     from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.runtime.worker.memory import account_for_run
     from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
     from nereus.runtime.worker.units import PlanUnits, initial_global
     from nereus.spec.plan import ExecutionPlan
+    from nereus.transition.order import PlanChangeOrder
 
     rank = plane.global_rank
 
@@ -238,6 +240,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
                                         solo_groups)
     ft.watch(setup, rc, cfg, ctl, recorder)
+    rank_zero = None if ctl is None or recorder is None else RankZero(
+        ctl, recorder, rc, cluster=ft.cluster_watch())
     globs, counters, start = ft.start_state(globs)
     if setup.cluster.gpu.vendor == "cpu" and retain_freed_memory():
         reserve(setup.cluster.gpu.memory_bytes)  # a virtual GPU: its memory mapped up front
@@ -263,37 +267,36 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
             res = run_step(inp, units, step, comm, account)
         step_s = time.perf_counter() - t0
         gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
-        target_d: dict[str, Any] | None = None
-        if plane.is_root:
-            assert ctl is not None and recorder is not None and gathered is not None
-            ft.cluster_events(plane, step)  # under Slurm: nodes the allocation lost
-            target_d = recorder.after_step(step, gathered, ctl, units.plan)
-        msg = plane.broadcast(Message("plan", plane.next_seq(), {"target": target_d})
+        order_d: dict[str, Any] | None = None
+        if plane.is_root:  # observe → calibrate → decide → log (rank0/loop.py)
+            assert rank_zero is not None and gathered is not None
+            order = rank_zero.boundary(step, gathered, units.plan)
+            order_d = None if order is None else order.to_wire()
+        msg = plane.broadcast(Message("plan", plane.next_seq(), {"order": order_d})
                               if plane.is_root else None)
-        target = msg.payload["target"]
         ft.replicate(plane)  # any survivor can take over the controller from here
         ft.boundary(units, step + 1, version)
         ft.checkpoint(plane, step + 1)
         ft.arm(rank, step, "transition")
-        if target is None or step == rc.steps - 1:
+        if msg.payload["order"] is None or step == rc.steps - 1:
             continue
+        order = PlanChangeOrder.from_wire(msg.payload["order"])  # → execute, on every rank
         t1 = time.perf_counter()
         version += 1
-        new_plan = ExecutionPlan.from_dict(target["plan"])
-        if max(target["pool"]) >= plane.world_size:  # a late node was granted: its ranks join
+        if max(order.pool) >= plane.world_size:  # a late node was granted: its ranks join
             from nereus.runtime.mpi.growth import Grown, grow
 
-            raise Grown(*grow(comm, units, ft, new_plan, tuple(target["pool"]), step,
+            raise Grown(*grow(comm, units, ft, order.target, order.pool, step,
                               worker_argv=sys.argv[1:]))
-        units, change = change_plan(plane, comm, units, new_plan, tuple(target["pool"]), store,
-                                    version, lr=rc.lr)
+        units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
         if plane.is_root:
             assert recorder is not None
-            recorder.transition(step, target, new_plan, measured, change.bytes_moved,
-                                change.lost, executor=change.executor,
-                                primitives=change.primitives,
-                                dag_detail={"reason": change.reason, "waves": change.waves})
+            recorder.transition(step, {"kind": order.kind, "predicted_s": order.predicted_s},
+                                order.target, measured, change.bytes_moved, change.lost,
+                                executor=change.executor, primitives=change.primitives,
+                                dag_detail={"reason": change.reason, "waves": change.waves,
+                                            "compilations": order.compilations})
     if rc.save_state:
         final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
         if plane.is_root:

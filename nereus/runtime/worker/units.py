@@ -8,7 +8,7 @@ left on this rank (``adopted``: :mod:`nereus.runtime.execution.plan_change`), or
 installed from the state gathered out of the running one (:mod:`nereus.runtime.execution.gather_reload`). DP replicas of a
 trainable model-stage all-reduce gradients over one gloo group per (pp, tp) position. The
 per-step weight sync (actor-train → actor-gen, critic-train → critic-inf) runs through the EMU
-transfer machinery (``nereus.runtime.execution.torch_executor.Executor.weight_sync``).
+transfer machinery (``nereus.runtime.execution.torch_executor.TorchExecutor.weight_sync``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nereus.emu.primitives import weight_sync
 from nereus.emu.shards import shards_at, tensor_specs
+from nereus.emu.transfer import weight_sync_plan
 from nereus.emu.unit import Emu, Layout
 from nereus.engines.generation import enable_kv_cache
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.errors import TransitionError
 from nereus.runtime.execution.groups import unit_groups
-from nereus.runtime.execution.torch_executor import Executor
+from nereus.runtime.execution.torch_executor import TorchExecutor
 from nereus.runtime.worker.state import FIELDS, Counters, UnitState, load_global, new_unit_state
 from nereus.spec.job import Setup
 from nereus.spec.model import ModelSpec
@@ -129,12 +129,12 @@ class PlanUnits:
                 continue
             spec = spec_of(self.setup, src)
             s_units, d_units = self.stages[src], self.stages[dst]
-            plan = weight_sync(spec, s_units.emus, d_units.emus,
-                               gpus_per_node=self.setup.cluster.gpus_per_node)
+            plan = weight_sync_plan(spec, s_units.emus, d_units.emus,
+                                    gpus_per_node=self.setup.cluster.gpus_per_node)
             self._sync_seq += 1
-            ex = Executor(spec, self.global_rank, self._store,
-                          f"{self._namespace}/sync{self._sync_seq}/{dst}",
-                          timeout_s=self.timeout_s)
+            ex = TorchExecutor(spec, self.global_rank, self._store,
+                               f"{self._namespace}/sync{self._sync_seq}/{dst}", fields=1,
+                               timeout_s=self.timeout_s)
             for su in (s_units, d_units):
                 for dp_rank, st in su.mine.items():
                     ex.units[su.emus[dp_rank]] = st

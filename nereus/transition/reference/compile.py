@@ -24,20 +24,10 @@ reported).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import lru_cache
 
-from nereus.emu.unit import Emu, Layout, emus_of_plan
-from nereus.errors import TransitionError
-from nereus.spec.plan import ExecutionPlan
-from nereus.transition.dag import TransitionDag
-from nereus.transition.fast_graph import priority_order
-from nereus.transition.local import LocalDag, local_dag
-from nereus.transition.memory_order import levels_of, memory_batches, with_memory_edges
-from nereus.transition.phases import order_for_memory
-from nereus.transition.primitives import (
+from nereus.emu.primitives import (
     KIND_ORDER,
     Extend,
     Primitive,
@@ -47,6 +37,14 @@ from nereus.transition.primitives import (
     read_only,
     shard_bytes,
 )
+from nereus.emu.unit import Emu, Layout, emus_of_plan, sub_layout_candidates
+from nereus.errors import TransitionError
+from nereus.spec.plan import ExecutionPlan
+from nereus.transition.dag import TransitionDag
+from nereus.transition.graph import default_stage_rank, priority_order
+from nereus.transition.phases import order_for_memory
+from nereus.transition.reference.local import LocalDag, local_dag
+from nereus.transition.reference.memory_order import levels_of, memory_batches, with_memory_edges
 from nereus.transition.residency import (
     ConflictSpec,
     Exclusion,
@@ -55,13 +53,6 @@ from nereus.transition.residency import (
     memory_excess,
     raise_level,
 )
-
-_STAGE_SUFFIX = {"gen": 0, "inf": 1, "train": 2}
-
-
-def default_stage_rank(model_stage: str) -> int:
-    """gen → inf → train from the model-stage name's suffix (``actor-gen`` → 0); others 1."""
-    return _STAGE_SUFFIX.get(model_stage.rsplit("-", 1)[-1], 1)
 
 
 def check_collection(units: Sequence[Emu], what: str,
@@ -91,21 +82,6 @@ def check_collection(units: Sequence[Emu], what: str,
             if excl.exclusive(a, b) and not gpus_of[a].isdisjoint(gpus_of[b]):
                 g = min(gpus_of[a] & gpus_of[b])
                 raise TransitionError(f"{what}: GPU {g} held by {a} and {b}")
-
-
-def t_sub_candidates(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
-    """Per-axis gcd first, then every layout dividing it, largest first."""
-    tp = pp = 0
-    for lay in layouts:
-        tp, pp = math.gcd(tp, lay.tp), math.gcd(pp, lay.pp)
-    cands = [Layout(t, p) for t in range(1, tp + 1) if tp % t == 0 for p in range(1, pp + 1)
-             if pp % p == 0]
-    return tuple(sorted(cands, key=lambda lay: (-lay.size, -lay.tp)))
-
-
-@lru_cache(maxsize=1024)
-def _candidates(layouts: frozenset[tuple[int, int]]) -> tuple[Layout, ...]:
-    return t_sub_candidates([Layout(tp, pp) for tp, pp in layouts])
 
 
 def compile_transition(
@@ -184,7 +160,7 @@ def compile_transition(
             if not excl.exclusive(m, c):
                 for g, b in fl.items():
                     load[g] = load.get(g, 0) + b
-    cands = {m: _candidates(frozenset((u.layout.tp, u.layout.pp)
+    cands = {m: sub_layout_candidates(frozenset((u.layout.tp, u.layout.pp)
                                       for u in (by_src[m] or in_place[m]) + by_tgt[m]))
              for m in names}
     choice = {m: [0, 0] for m in names}  # (T_sub candidate, donor rank) per model-stage

@@ -35,11 +35,11 @@ def _sub_position(lay: Layout, sub: Layout, b: int, j_pp: int, j_tp: int, groupi
 
 
 def _sub_index(lay: Layout, sub: Layout, grouping: str) -> tuple[tuple[int, ...], ...]:
-    return _sub_index_n(lay.tp, lay.pp, sub.tp, sub.pp, grouping)
+    return sub_index_n(lay.tp, lay.pp, sub.tp, sub.pp, grouping)
 
 
 @lru_cache(maxsize=4096)
-def _sub_index_n(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
+def sub_index_n(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
                  ) -> tuple[tuple[int, ...], ...]:
     lay, sub = Layout(tp, pp), Layout(sub_tp, sub_pp)
     return tuple(
@@ -59,15 +59,15 @@ def groupings_differ(lay: Layout, sub: Layout) -> bool:
 
 @lru_cache(maxsize=4096)
 def _groupings_differ_n(tp: int, pp: int, sub_tp: int, sub_pp: int) -> bool:
-    return _sub_index_n(tp, pp, sub_tp, sub_pp, GROUPINGS[0]) != \
-        _sub_index_n(tp, pp, sub_tp, sub_pp, GROUPINGS[1])
+    return sub_index_n(tp, pp, sub_tp, sub_pp, GROUPINGS[0]) != \
+        sub_index_n(tp, pp, sub_tp, sub_pp, GROUPINGS[1])
 
 
 @lru_cache(maxsize=4096)
 def _sub_getter(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
                 ) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
     """All sub-units' GPUs, sub-unit after sub-unit, picked from a unit's GPU tuple in C."""
-    flat = [i for part in _sub_index_n(tp, pp, sub_tp, sub_pp, grouping) for i in part]
+    flat = [i for part in sub_index_n(tp, pp, sub_tp, sub_pp, grouping) for i in part]
     if len(flat) == 1:
         return lambda gpus: gpus
     return itemgetter(*flat)
@@ -170,7 +170,7 @@ def allgather_pairs(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: str
                      ) -> tuple[tuple[int, int], ...]:
     """Split as position-wise all-gather: ``(src position, dst position)`` inside each block."""
     sub = Layout(sub_tp, sub_pp)
-    idx = _sub_index_n(tp, pp, sub_tp, sub_pp, grouping)
+    idx = sub_index_n(tp, pp, sub_tp, sub_pp, grouping)
     out: list[tuple[int, int]] = []
     for pos in range(sub.size):
         block = [part[pos] for part in idx]

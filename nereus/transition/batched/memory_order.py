@@ -16,9 +16,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from nereus.emu.primitives import shard_bytes
 from nereus.errors import TransitionError
-from nereus.transition.fast_assemble import BatchedDag
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.assemble import BatchedDag
+from nereus.transition.batched.blocks import (
     CONTIGUOUS,
     DESTROY,
     EXTEND,
@@ -27,9 +28,8 @@ from nereus.transition.fast_blocks import (
     SPLIT,
     Block,
 )
-from nereus.transition.fast_graph import levels
-from nereus.transition.fast_memory import merge_received
-from nereus.transition.primitives import shard_bytes
+from nereus.transition.batched.memory import merge_received
+from nereus.transition.graph import levels
 
 
 def _incidences(blocks: Sequence[tuple[int, Block, int, int]], bad: np.ndarray

@@ -8,8 +8,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from nereus.emu.regions import sub_index_n
 from nereus.emu.unit import Layout
-from nereus.transition.regions import _sub_index_n
 
 DESTROY, SPLIT, EXTEND, MERGE = 0, 1, 2, 3  # KIND_ORDER codes: release first
 EDGE_CODES = ("data", "local", "resource", "order", "memory")
@@ -174,6 +174,6 @@ def new_local(stage: str, state: str, blocks: list[Block], n: int, release: np.n
 def sub_index(tp: int, pp: int, sub_tp: int, sub_pp: int, grouping: int) -> np.ndarray:
     """Positions (k × |sub|) of the sub-units of a (tp, pp) unit split into (sub_tp, sub_pp)."""
     grp = "interleaved" if grouping == INTERLEAVED else "contiguous"
-    out = np.array(_sub_index_n(tp, pp, sub_tp, sub_pp, grp), dtype=np.int64)
+    out = np.array(sub_index_n(tp, pp, sub_tp, sub_pp, grp), dtype=np.int64)
     out.flags.writeable = False
     return out

@@ -8,8 +8,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from nereus.emu.primitives import shard_bytes
 from nereus.emu.unit import Layout
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.blocks import (
     CONTIGUOUS,
     DESTROY,
     EXTEND,
@@ -19,8 +20,7 @@ from nereus.transition.fast_blocks import (
     Block,
     LocalArrays,
 )
-from nereus.transition.fast_cost import flow_template
-from nereus.transition.primitives import shard_bytes
+from nereus.transition.batched.cost import flow_template
 from nereus.transition.residency import Exclusion
 
 

@@ -11,15 +11,15 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from nereus.emu.unit import Emu, Layout
-from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split, record
-from nereus.transition.regions import (
+from nereus.emu.primitives import Destroy, Extend, Merge, Primitive, Split, record
+from nereus.emu.regions import (
     GROUPINGS,
     groupings_differ,
     new_emu,
     sub_unit_gpus,
     sub_units,
 )
+from nereus.emu.unit import Emu, Layout
 
 
 @dataclass

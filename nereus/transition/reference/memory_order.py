@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from nereus.emu.primitives import consumed, produced, read_only
 from nereus.emu.unit import Emu, Layout
 from nereus.transition.dag import TransitionDag
-from nereus.transition.fast_graph import priority_order
-from nereus.transition.primitives import consumed, produced, read_only
+from nereus.transition.graph import priority_order
 
 UnitBytes = Callable[[str, Layout], int]
 

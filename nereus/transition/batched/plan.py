@@ -1,15 +1,16 @@
-"""Fast planning: the DAG of :func:`compile.compile_transition` built on GPU arrays.
+"""The batched path: the DAG of the reference compiler built on GPU arrays.
 
-:func:`plan_transition` makes the same decisions as the reference compiler — T_sub and donor
-choices, memory checks, resource edges, circular-wait retries, staging — on integer matrices of
-GPU ids, one row per unit (:mod:`fast_local`), and keeps the result *batched*: primitives in
-blocks, edges as arrays. L̂_tran comes from the arrays (:mod:`fast_cost`); the per-primitive
-:class:`TransitionDag` that the executor and the wire format consume is built only on demand
-(:attr:`PlannedTransition.dag`, equal to what ``compile_transition`` returns). Inputs the batched
-path does not cover (a model-stage whose units differ in layout, per-GPU capacities or reserved
-bytes, an invalid collection, a target that cannot be reached) go to the reference compiler,
-which gives the same DAG or raises the same error; so do small transitions (:data:`SMALL_UNITS`),
-where it is the faster of the two.
+:func:`batched_units` / :func:`batched_plans` make the same decisions as the reference compiler
+(:func:`nereus.transition.reference.compile.compile_transition`) — T_sub and donor choices,
+memory checks, resource edges, circular-wait retries, staging — on integer matrices of GPU ids,
+one row per unit (:mod:`.local`), and keep the result *batched*: primitives in blocks, edges as
+arrays (:class:`.assemble.BatchedDag`). L̂_tran comes from the arrays (:mod:`.cost`); the
+per-primitive DAG is built only on demand (:func:`.assemble.expand`). Inputs this path does not
+cover (a model-stage whose units differ in layout, per-GPU capacities or reserved bytes, an
+invalid collection, a target that cannot be reached, a batch of co-resident primitives that does
+not fit) give None: the caller (:mod:`nereus.transition.planned`) then runs the reference
+compiler, which gives the same DAG or raises the same error. So do small transitions
+(:data:`SMALL_UNITS`), where the reference is the faster of the two.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache, partial
+from functools import lru_cache, partial
 from itertools import chain, groupby, starmap
 from operator import attrgetter
 from struct import Struct
@@ -25,19 +26,15 @@ from struct import error as StructError
 
 import numpy as np
 
-from nereus.emu.unit import Emu, Layout, emus_of_plan
-from nereus.spec.hardware import ClusterSpec
+from nereus.emu.primitives import StateSizer, shard_bytes
+from nereus.emu.unit import Emu, Layout, sub_layout_candidates
 from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition.compile import _candidates, compile_transition, default_stage_rank
-from nereus.transition.dag import TransitionDag
-from nereus.transition.fast_assemble import BatchedDag, assemble, expand
-from nereus.transition.fast_blocks import EMPTY, LocalArrays, iota, minus_ones, row_all
-from nereus.transition.fast_cost import durations
-from nereus.transition.fast_graph import longest_path
-from nereus.transition.fast_local import destroy_only, local_arrays
-from nereus.transition.fast_memory import excess, fits_beside, peak_top, stage_levels
-from nereus.transition.fast_memory_order import order_memory_batches
-from nereus.transition.primitives import StateSizer, shard_bytes
+from nereus.transition.batched.assemble import BatchedDag, assemble
+from nereus.transition.batched.blocks import EMPTY, LocalArrays, iota, minus_ones, row_all
+from nereus.transition.batched.local import destroy_only, local_arrays
+from nereus.transition.batched.memory import excess, fits_beside, peak_top, stage_levels
+from nereus.transition.batched.memory_order import order_memory_batches
+from nereus.transition.graph import default_stage_rank
 from nereus.transition.residency import ConflictSpec, Exclusion, exclusion_for
 
 # Below this many units (source and target together), with no conflict relation given, the
@@ -51,33 +48,6 @@ _STATE = attrgetter("state")
 _TP = attrgetter("layout.tp")
 _PP = attrgetter("layout.pp")
 _GPUS = attrgetter("gpus")
-
-
-@dataclass(frozen=True)
-class PlannedTransition:
-    """A compiled transition: batched (``batched``) or, where the batched path does not apply,
-    the reference compiler's DAG (``reference``)."""
-
-    batched: BatchedDag | None
-    reference: TransitionDag | None = None
-
-    @cached_property
-    def dag(self) -> TransitionDag:
-        """The per-primitive DAG (equal to :func:`compile.compile_transition`'s)."""
-        if self.batched is None:
-            assert self.reference is not None
-            return self.reference
-        return expand(self.batched)
-
-    def cost_s(self, cluster: ClusterSpec) -> float:
-        """L̂_tran in seconds (:func:`cost.transition_cost_s` of :attr:`dag`)."""
-        b = self.batched
-        if b is None:
-            from nereus.transition.cost import transition_cost_s
-
-            assert self.reference is not None
-            return transition_cost_s(self.reference, cluster)
-        return longest_path(b.topo, durations(b.blocks, b.n, cluster))
 
 
 def _units(given: tuple[Emu, ...] | None, sides: dict[str, _Side]
@@ -231,7 +201,7 @@ def _independent(excl: Exclusion, masks: np.ndarray) -> bool:
     return True
 
 
-def plan_transition(
+def batched_units(
     source: Sequence[Emu],
     target: Sequence[Emu],
     sizer: StateSizer,
@@ -242,25 +212,20 @@ def plan_transition(
     spare_gpus: Sequence[int] = (),
     conflicts: ConflictSpec = None,
     replicated: StateSizer | None = None,
-) -> PlannedTransition:
-    """:func:`compile.compile_transition` (same arguments, same DAG, same errors), batched."""
-    got = None
+) -> BatchedDag | None:
+    """The reference compiler's DAG from ``source`` to ``target`` (same arguments), batched;
+    None where this path does not apply (see the module docstring)."""
     small = conflicts is None and len(source) + len(target) < SMALL_UNITS
-    if not small and not reserved_bytes and (capacity_bytes is None
-                                             or isinstance(capacity_bytes, int)):
-        src, tgt = _sides(source), _sides(target)
-        if src is not None and tgt is not None:
-            got = _plan(src, tgt, tuple(source), tuple(target), sizer, capacity_bytes,
-                        stage_rank, spare_gpus, conflicts, replicated)
-    if got is not None:
-        return PlannedTransition(got)
-    return PlannedTransition(None, compile_transition(
-        source, target, sizer, capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes,
-        stage_rank=stage_rank, spare_gpus=spare_gpus, conflicts=conflicts,
-        replicated=replicated))
+    if small or reserved_bytes or not (capacity_bytes is None or isinstance(capacity_bytes, int)):
+        return None
+    src, tgt = _sides(source), _sides(target)
+    if src is None or tgt is None:
+        return None
+    return _plan(src, tgt, tuple(source), tuple(target), sizer, capacity_bytes, stage_rank,
+                 spare_gpus, conflicts, replicated)
 
 
-def plan_plans(
+def batched_plans(
     current: ExecutionPlan,
     target: ExecutionPlan,
     states: Mapping[str, str],
@@ -273,39 +238,27 @@ def plan_plans(
     conflicts: ConflictSpec = None,
     replicated: StateSizer | None = None,
     alive: Collection[int] | None = None,
-) -> PlannedTransition:
-    """:func:`plan_transition` from the units of ``current`` (those whose GPUs are all in
-    ``alive``, when given) to the units of ``target`` (as :func:`compile.compile_plans`), read
-    straight from the plans' replica tuples."""
-    got = None
+) -> BatchedDag | None:
+    """:func:`batched_units` from the units of ``current`` (those whose GPUs are all in
+    ``alive``, when given) to the units of ``target``, read straight from the plans' replica
+    tuples; None where this path does not apply."""
     small = conflicts is None and sum(len(sp.replicas) for sp in current.stages) \
         + sum(len(sp.replicas) for sp in target.stages) < SMALL_UNITS
-    if not small and not reserved_bytes and (capacity_bytes is None
-                                             or isinstance(capacity_bytes, int)):
-        mask = None
-        ok = True
-        if alive is not None:
-            ids = np.fromiter(alive, dtype=np.int64)
-            ok = not ids.size or int(ids.min()) >= 0
-            mask = np.zeros(int(ids.max()) + 1 if ids.size and ok else 0, dtype=bool)
-            if ok:
-                mask[ids] = True
-        src = _plan_sides(current, states, mask) if ok else None
-        tgt = _plan_sides(target, states, None)
-        if src is not None and tgt is not None:
-            got = _plan(src, tgt, None, None, sizer, capacity_bytes, stage_rank, spare_gpus,
-                        conflicts, replicated)
-    if got is not None:
-        return PlannedTransition(got)
-    st = dict(states)
-    units = emus_of_plan(current, st)
+    if small or reserved_bytes or not (capacity_bytes is None or isinstance(capacity_bytes, int)):
+        return None
+    mask = None
     if alive is not None:
-        live = set(alive)
-        units = tuple(u for u in units if live.issuperset(u.gpus))
-    return PlannedTransition(None, compile_transition(
-        units, emus_of_plan(target, st), sizer, capacity_bytes=capacity_bytes,
-        reserved_bytes=reserved_bytes, stage_rank=stage_rank, spare_gpus=spare_gpus,
-        conflicts=conflicts, replicated=replicated))
+        ids = np.fromiter(alive, dtype=np.int64)
+        if ids.size and int(ids.min()) < 0:
+            return None
+        mask = np.zeros(int(ids.max()) + 1 if ids.size else 0, dtype=bool)
+        mask[ids] = True
+    src = _plan_sides(current, states, mask)
+    tgt = _plan_sides(target, states, None)
+    if src is None or tgt is None:
+        return None
+    return _plan(src, tgt, None, None, sizer, capacity_bytes, stage_rank, spare_gpus,
+                 conflicts, replicated)
 
 
 def _plan(
@@ -389,7 +342,7 @@ def _plan(
         lays = {src[m].lay} if by_src[m].size or in_place[m].size else set()
         if by_tgt[m].size:
             lays.add(tgt[m].lay)
-        cands[m] = _candidates(frozenset((lay.tp, lay.pp) for lay in lays))
+        cands[m] = sub_layout_candidates(frozenset((lay.tp, lay.pp) for lay in lays))
     choice = {m: [0, 0] for m in names}
     spare: list[int] = []
     released: list[int] = []

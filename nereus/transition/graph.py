@@ -1,5 +1,6 @@
-"""Graph work on edge arrays: topological levels, the cycle report and the priority order, each
-equal to what :func:`compile._assemble` computes on records."""
+"""Graph work shared by both compilers: the stage-order tie-break (gen → inf → train), and on
+edge arrays the topological levels, the cycle report and the priority order, each equal to what
+the reference compiler (:mod:`nereus.transition.reference.compile`) computes on records."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ class Levels:
     depth: int
     ok: bool
     level: np.ndarray | None = None
+
+
+_STAGE_SUFFIX = {"gen": 0, "inf": 1, "train": 2}
+
+
+def default_stage_rank(model_stage: str) -> int:
+    """gen → inf → train from the model-stage name's suffix (``actor-gen`` → 0); others 1."""
+    return _STAGE_SUFFIX.get(model_stage.rsplit("-", 1)[-1], 1)
 
 
 MAX_RELAX = 64  # deeper DAGs (or cycles) go to Kahn's algorithm

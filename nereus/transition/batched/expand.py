@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from nereus.emu.primitives import Destroy, Extend, Merge, Primitive, Split, record
+from nereus.emu.regions import new_emu
 from nereus.emu.unit import Emu, Layout
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.blocks import (
     CONTIGUOUS,
     DESTROY,
     EXTEND,
@@ -16,8 +18,6 @@ from nereus.transition.fast_blocks import (
     LocalArrays,
     sub_index,
 )
-from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split, record
-from nereus.transition.regions import new_emu
 
 _GROUPING = ("interleaved", "contiguous")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.emu.unit import Layout
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.blocks import (
     EMPTY,
     INTERLEAVED,
     NONE,

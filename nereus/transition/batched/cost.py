@@ -12,9 +12,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from nereus.emu.primitives import Merge, Split, shard_bytes
+from nereus.emu.regions import groupings_differ, sub_units
 from nereus.emu.unit import Emu, Layout
 from nereus.spec.hardware import ClusterSpec
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.blocks import (
     CONTIGUOUS,
     DESTROY,
     EXTEND,
@@ -24,8 +26,6 @@ from nereus.transition.fast_blocks import (
     row_all,
     row_any,
 )
-from nereus.transition.primitives import Merge, Split, shard_bytes
-from nereus.transition.regions import groupings_differ, sub_units
 
 _GROUPING = ("interleaved", "contiguous")
 

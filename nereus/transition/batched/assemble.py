@@ -8,11 +8,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from nereus.emu.regions import new_emu
 from nereus.emu.unit import Emu, Layout
-from nereus.transition.compile import default_stage_rank
-from nereus.transition.dag import TransitionDag
-from nereus.transition.expand import local_edge_arrays, local_records
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.blocks import (
     DESTROY,
     EDGE_CODES,
     EXTEND,
@@ -20,8 +18,9 @@ from nereus.transition.fast_blocks import (
     Block,
     LocalArrays,
 )
-from nereus.transition.fast_graph import Levels, cycle_names, levels, priority_order
-from nereus.transition.regions import new_emu
+from nereus.transition.batched.expand import local_edge_arrays, local_records
+from nereus.transition.dag import TransitionDag
+from nereus.transition.graph import Levels, cycle_names, default_stage_rank, levels, priority_order
 from nereus.transition.residency import Exclusion
 
 

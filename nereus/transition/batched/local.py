@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from nereus.emu.regions import groupings_differ
 from nereus.emu.unit import Layout
-from nereus.transition.fast_blocks import (
+from nereus.transition.batched.blocks import (
     CONTIGUOUS,
     DATA,
     DESTROY,
@@ -37,8 +38,7 @@ from nereus.transition.fast_blocks import (
     row_any,
     sub_index,
 )
-from nereus.transition.fast_sources import heap_rounds, pick_donor
-from nereus.transition.regions import groupings_differ
+from nereus.transition.batched.sources import heap_rounds, pick_donor
 
 
 def _first_table(rows: np.ndarray, size: int) -> np.ndarray:

@@ -1,0 +1,216 @@
+"""Rank 0 at a step boundary: observe → calibrate → decide → log, then the order every rank
+executes (effectful shell around the pure controller; DESIGN.md §2.1, §4).
+
+Read :meth:`RankZero.boundary` top to bottom: each phase hands plain data to the next.
+
+1. **observe** — the step's measurements gathered from every rank, the pool events of this
+   boundary (``runtime.events``, nodes Slurm took away) applied to the pool: an
+   :class:`Observed` record and the controller's :class:`~nereus.control.signals.Observation`;
+2. **calibrate** — ranks that went over their device's capacity: the capacity they report and
+   the memory model's per-model-stage factor, fed to the controller (:class:`Calibrated`);
+3. **decide** — a forced transition (``runtime.force_transitions``) or a controller pass
+   (:func:`nereus.control.controller.controller_step` through the planner port): the target and
+   its :class:`~nereus.transition.PlannedTransition`, planned once (:class:`Decided`);
+4. **log** — the recorder writes all of it (:mod:`nereus.runtime.rank0.recorder`);
+5. **execute** — the returned :class:`PlanChangeOrder` (target plan, pool, the DAG itself or why
+   there is none, and the prediction read from the same planned transition) travels to every rank
+   in one message; each runs it (:func:`nereus.runtime.execution.plan_change.change_plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nereus.config.run import Event, RunConfig
+from nereus.control.controller import Decision
+from nereus.control.planner_port import setup_for
+from nereus.control.signals import Observation
+from nereus.cost.memory import gpu_memory
+from nereus.runtime.rank0.controller import RankZeroController
+from nereus.runtime.rank0.recorder import RunRecorder
+from nereus.spec.plan import ExecutionPlan
+from nereus.transition import PlannedTransition
+from nereus.transition.order import PlanChangeOrder
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Step ``step``'s measurements and this boundary's pool events."""
+
+    step: int
+    step_s: float
+    stage_s: dict[str, float]
+    peaks: dict[int, int]
+    ooms: list[dict[str, Any]]
+    r0: dict[str, Any]  # rank 0's step results: the batch-level values every rank shares
+    pool_before: tuple[int, ...]
+    pool: tuple[int, ...]
+    events: list[tuple[str, dict[str, Any]]]  # (kind, payload) to log
+    obs: Observation
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What the boundary's OOMs changed: events to log and a console line."""
+
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    say: str = ""
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The boundary's decision: the controller's (``decision``) or a forced change; the order to
+    execute (None: the plan stays)."""
+
+    decision: Decision | None = None
+    order: PlanChangeOrder | None = None
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    say: str = ""
+
+
+class RankZero:
+    """The controller rank's boundary; ``ctl`` (controller state, pool, calibration) and
+    ``recorder`` (the run's record) are its state."""
+
+    def __init__(self, ctl: RankZeroController, recorder: RunRecorder, rc: RunConfig,
+                 cluster: Any = None) -> None:
+        """``cluster``: Slurm allocation changes (:class:`nereus.runtime.rank0.cluster_events.
+        ClusterEvents` with its node-name map), or None outside Slurm."""
+        self.ctl = ctl
+        self.recorder = recorder
+        self.rc = rc
+        self.cluster = cluster
+
+    def boundary(self, step: int, gathered: list[dict[str, Any]], plan: ExecutionPlan
+                 ) -> PlanChangeOrder | None:
+        """After step ``step`` ran on ``plan``: the plan change every rank executes, or None."""
+        self.ctl.compilations.clear()
+        seen = self.observe(step, gathered)
+        calibrated = self.calibrate(seen, plan)
+        decided = self.decide(seen, plan)
+        self.log(seen, calibrated, decided, plan)
+        return decided.order
+
+    # -- 1. observe --------------------------------------------------------------------------
+
+    def observe(self, step: int, gathered: list[dict[str, Any]]) -> Observed:
+        r0 = gathered[0]
+        step_s = max(g["step_s"] for g in gathered)
+        stage_s: dict[str, float] = {}
+        for g in gathered:
+            for k, v in g["stage_s"].items():
+                stage_s[k] = max(stage_s.get(k, 0.0), v)
+        peaks = {g["rank"]: int(g["peak_bytes"]) for g in gathered}
+        events: list[tuple[str, dict[str, Any]]] = []
+        if self.cluster is not None:  # nodes the Slurm allocation lost: remove_node events
+            lost = self.cluster.lost(self.ctl.setup.cluster.nodes)
+            if lost:
+                self.rc = replace(self.rc, events=self.rc.events + tuple(
+                    Event(step, "remove_node", node) for node in lost.values()))
+                events.append(("slurm-nodes-lost", {"nodes": list(lost),
+                                                    "job": self.cluster.job_id}))
+        pool_before = self.ctl.pool
+        gpn = self.ctl.setup.cluster.gpus_per_node
+        for ev in self.rc.events:
+            if ev.at_step != step:
+                continue
+            node = set(range(ev.node * gpn, (ev.node + 1) * gpn))
+            pool = set(self.ctl.pool) - node if ev.kind == "remove_node" \
+                else set(self.ctl.pool) | node
+            self.ctl.set_pool(sorted(pool))
+            events.append(("gpu-pool-change", {**ev.to_dict(), "pool": list(self.ctl.pool)}))
+        obs = Observation(step + 1, r0["len_mean"], r0["len_p95"], self.ctl.pool, step_s=step_s)
+        return Observed(step, step_s, stage_s, peaks, [e for g in gathered for e in g["oom"]],
+                        r0, pool_before, self.ctl.pool, events, obs)
+
+    # -- 2. calibrate ------------------------------------------------------------------------
+
+    def calibrate(self, seen: Observed, plan: ExecutionPlan) -> Calibrated:
+        """Ranks went over their capacity: give the controller the capacity the devices report
+        (when it fell), and where the memory model predicted less than was measured, scale that
+        model-stage's estimate up — the controller then finds the current plan infeasible and
+        takes the urgent path."""
+        ooms = seen.ooms
+        if not ooms:
+            return Calibrated()
+        ctl = self.ctl
+        events: list[tuple[str, dict[str, Any]]] = [("oom", e) for e in ooms]
+        cap = min(int(e["capacity_bytes"]) for e in ooms)
+        gpu = ctl.setup.cluster.gpu
+        if cap < gpu.memory_bytes:
+            ctl.setup = replace(ctl.setup, cluster=replace(ctl.setup.cluster,
+                                                           gpu=replace(gpu, memory_bytes=cap)))
+            events.append(("capacity-change", {"from_bytes": gpu.memory_bytes, "to_bytes": cap}))
+        obs = Observation(0, seen.r0["len_mean"], seen.r0["len_p95"], ctl.pool)
+        base = ctl.calib
+        predicted = gpu_memory(setup_for(ctl.setup, obs), plan, base)
+        ratio: dict[str, tuple[float, float, int]] = {}  # stage -> worst (ratio, before, peak)
+        for e in ooms:
+            before = predicted.get(e["global_rank"], 0) / base.memory_factor(e["model_stage"])
+            if 0 < predicted.get(e["global_rank"], 0) < e["peak_bytes"]:
+                r = e["peak_bytes"] / before
+                if r > ratio.get(e["model_stage"], (0.0, 0.0, 0))[0]:
+                    ratio[e["model_stage"]] = (r, before, int(e["peak_bytes"]))
+        for name, (_, before, peak) in sorted(ratio.items()):
+            # the sample is the prediction before the factor
+            ctl.calib = ctl.calib.with_memory_sample(name, before, peak, 1.0)
+        worst = max(ooms, key=lambda e: e["peak_bytes"] - e["capacity_bytes"])
+        return Calibrated(events, (
+            f"  OOM in step {seen.step + 1} on {len({e['global_rank'] for e in ooms})} rank(s), "
+            f"e.g. rank {worst['global_rank']} in {worst['model_stage']}: "
+            f"{worst['peak_bytes'] / 1e6:.1f} MB > {worst['capacity_bytes'] / 1e6:.1f} MB"))
+
+    # -- 3. decide ---------------------------------------------------------------------------
+
+    def decide(self, seen: Observed, plan: ExecutionPlan) -> Decided:
+        step, ctl = seen.step, self.ctl
+        forced = [t for t in self.rc.force_transitions if t.at_step == step]
+        if forced:
+            found = ctl.forced(seen.obs, dict(forced[0].layouts), plan)
+            event = ("forced-transition", {**forced[0].to_dict(), "found": found is not None})
+            if found is None:
+                return Decided(events=[event], say=(
+                    f"  forced transition after step {step + 1}: no plan with "
+                    f"{forced[0].to_dict()['layouts']} fits; plan kept"))
+            target, planned = found
+            return Decided(order=self._order(target, "forced", planned, plan), events=[event])
+        if step >= self.rc.steps - 1:
+            return Decided()
+        d = ctl.after_step(seen.obs)
+        if d is None or not d.replanned:
+            return Decided(decision=d)
+        adm = d.admission
+        if adm is not None and adm.admitted and adm.target is not None and adm.target != plan:
+            assert adm.transition is not None  # admitted targets carry their transition
+            return Decided(decision=d, order=self._order(adm.target, adm.path, adm.transition,
+                                                         plan))
+        if adm is not None and not adm.admitted and d.lost_gpus:
+            # Emulation: the removed ranks are alive, so the job goes on on the current plan
+            # (a real job would checkpoint and wait for the pool to change).
+            return Decided(decision=d, events=[("no-feasible-plan", {"reason": adm.reason})],
+                           say=f"  no plan fits the pool after step {step + 1}: {adm.reason}; "
+                               "continuing on the current plan")
+        return Decided(decision=d)
+
+    def _order(self, target: ExecutionPlan, kind: str, planned: PlannedTransition,
+               current: ExecutionPlan) -> PlanChangeOrder:
+        key = (current, target, self.ctl.pool)
+        return PlanChangeOrder.of(target, self.ctl.pool, kind, planned,
+                                  self.ctl.compilations.get(key, 0))
+
+    # -- 4. log ------------------------------------------------------------------------------
+
+    def log(self, seen: Observed, calibrated: Calibrated, decided: Decided,
+            plan: ExecutionPlan) -> None:
+        rec, step = self.recorder, seen.step
+        rec.step(step, step_s=seen.step_s, stage_s=seen.stage_s, peaks=seen.peaks,
+                 pool_gpus=len(seen.pool_before), r0=seen.r0, plan=plan)
+        for kind, payload in [*seen.events, *calibrated.events, *decided.events]:
+            rec.event(step, kind, payload)
+        if decided.decision is not None and decided.decision.replanned:
+            rec.decision(step, decided.decision)
+        for text in (calibrated.say, decided.say):
+            if text:
+                rec.say(text)
+        rec.progress(step, seen.pool_before, seen.pool)

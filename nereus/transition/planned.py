@@ -1,0 +1,172 @@
+"""A planned transition: the DAG of a plan change and its L̂_tran, planned once (pure).
+
+:func:`plan_transition` is the one function the controller calls (through its planner port):
+from the units of the running plan that survive on the pool to the units of the target. The
+:class:`PlannedTransition` it returns travels with the decision: admission weighs its
+``cost_s``, the log records that figure, and rank 0 sends its :attr:`~PlannedTransition.dag`
+to the ranks in the same message as the target plan, so nothing downstream compiles again.
+
+Two compilers make the same DAG: the batched path (:mod:`nereus.transition.batched`, GPU
+arrays, for large transitions) and the reference compiler
+(:mod:`nereus.transition.reference`, per-primitive records, for small ones and every input the
+batched path does not cover). :func:`plan_units` and :func:`plan_plans` pick one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from nereus.emu.primitives import StateSizer, model_replicated_sizer, model_state_sizer
+from nereus.emu.unit import Emu, emus_of_plan
+from nereus.errors import TransitionError
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.job import Setup
+from nereus.spec.plan import ExecutionPlan
+from nereus.transition.batched.assemble import BatchedDag, expand
+from nereus.transition.batched.cost import durations
+from nereus.transition.batched.plan import batched_plans, batched_units
+from nereus.transition.cost import transition_cost_s
+from nereus.transition.dag import TransitionDag
+from nereus.transition.graph import longest_path
+from nereus.transition.reference.compile import compile_transition
+from nereus.transition.residency import ConflictSpec
+
+
+@dataclass(frozen=True)
+class PlannedTransition:
+    """A compiled transition and its L̂_tran on the cluster it was planned for.
+
+    Exactly one of ``batched`` (the batched path's arrays) and ``reference`` (the reference
+    compiler's DAG) is set; :attr:`dag` is the per-primitive DAG either way (equal to what the
+    reference compiler returns), built on first use."""
+
+    cost_s: float
+    batched: BatchedDag | None = None
+    reference: TransitionDag | None = None
+    restart_reason: str = ""  # no DAG: the runtime gathers and reloads the state (cost_s: that)
+
+    @staticmethod
+    def restart(cost_s: float, reason: str) -> PlannedTransition:
+        """No DAG exists (``reason``): the change runs as an in-process checkpoint/restart,
+        estimated at ``cost_s``."""
+        return PlannedTransition(cost_s, restart_reason=reason or "no transition DAG")
+
+    @property
+    def executor(self) -> str:
+        """``"dag"`` (the DAG's primitives run on the ranks) or ``"gather-reload"``."""
+        return "gather-reload" if self.restart_reason else "dag"
+
+    @property
+    def path(self) -> str:
+        """Which compiler made the DAG: ``"batched"``, ``"reference"`` or ``"none"``."""
+        if self.batched is not None:
+            return "batched"
+        return "reference" if self.reference is not None else "none"
+
+    @cached_property
+    def dag(self) -> TransitionDag:
+        """The per-primitive DAG (TransitionError for a restart: there is none)."""
+        if self.batched is not None:
+            return expand(self.batched)
+        if self.reference is None:
+            raise TransitionError(f"no transition DAG: {self.restart_reason}")
+        return self.reference
+
+
+def _planned(batched: BatchedDag | None, reference: TransitionDag | None,
+             cluster: ClusterSpec) -> PlannedTransition:
+    if batched is not None:
+        return PlannedTransition(longest_path(batched.topo,
+                                              durations(batched.blocks, batched.n, cluster)),
+                                 batched=batched)
+    assert reference is not None
+    return PlannedTransition(transition_cost_s(reference, cluster), reference=reference)
+
+
+def plan_units(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    sizer: StateSizer,
+    cluster: ClusterSpec,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    stage_rank: Mapping[str, int] | None = None,
+    spare_gpus: Sequence[int] = (),
+    conflicts: ConflictSpec = None,
+    replicated: StateSizer | None = None,
+) -> PlannedTransition:
+    """The transition from the EMU collection ``source`` to ``target`` (arguments of
+    :func:`nereus.transition.reference.compile.compile_transition`, same DAG, same errors)."""
+    kw = {"capacity_bytes": capacity_bytes, "reserved_bytes": reserved_bytes,
+          "stage_rank": stage_rank, "spare_gpus": spare_gpus, "conflicts": conflicts,
+          "replicated": replicated}
+    got = batched_units(source, target, sizer, **kw)  # type: ignore[arg-type]
+    if got is not None:
+        return _planned(got, None, cluster)
+    return _planned(None, compile_transition(source, target, sizer, **kw),  # type: ignore[arg-type]
+                    cluster)
+
+
+def plan_plans(
+    current: ExecutionPlan,
+    target: ExecutionPlan,
+    states: Mapping[str, str],
+    sizer: StateSizer,
+    cluster: ClusterSpec,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    reserved_bytes: Mapping[int, int] | None = None,
+    stage_rank: Mapping[str, int] | None = None,
+    spare_gpus: Sequence[int] = (),
+    conflicts: ConflictSpec = None,
+    replicated: StateSizer | None = None,
+    alive: Collection[int] | None = None,
+) -> PlannedTransition:
+    """:func:`plan_units` from the units of ``current`` (those whose GPUs are all in ``alive``,
+    when given) to the units of ``target``, read straight from the plans' replica tuples."""
+    got = batched_plans(current, target, states, sizer, capacity_bytes=capacity_bytes,
+                        reserved_bytes=reserved_bytes, stage_rank=stage_rank,
+                        spare_gpus=spare_gpus, conflicts=conflicts, replicated=replicated,
+                        alive=alive)
+    if got is not None:
+        return _planned(got, None, cluster)
+    st = dict(states)
+    units = emus_of_plan(current, st)
+    if alive is not None:
+        live = set(alive)
+        units = tuple(u for u in units if live.issuperset(u.gpus))
+    return _planned(None, compile_transition(
+        units, emus_of_plan(target, st), sizer, capacity_bytes=capacity_bytes,
+        reserved_bytes=reserved_bytes, stage_rank=stage_rank, spare_gpus=spare_gpus,
+        conflicts=conflicts, replicated=replicated), cluster)
+
+
+def stage_states(setup: Setup) -> dict[str, str]:
+    """Logical state per model-stage for the DAG: each model-stage's units are replicas of one
+    state (actor-gen holds weights only, actor-train weights and optimizer: distinct states)."""
+    return {ms.name: ms.name for ms in setup.job.workflow.model_stages}
+
+
+def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
+                    pool: Sequence[int] | None = None) -> PlannedTransition:
+    """The transition from the units of ``current`` that survive on ``pool`` (all of them when
+    None) to the units of ``target``, with L̂_tran on ``setup.cluster``.
+
+    Raises TransitionError when no DAG exists — including when every replica of some
+    model-stage was lost (its state must come from a checkpoint)."""
+    wf = setup.job.workflow
+    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
+    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
+    sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
+    replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
+    alive = None if pool is None else set(pool)
+    lost = sorted(sp.name for sp in current.stages
+                  if not any(alive is None or alive.issuperset(r) for r in sp.replicas))
+    if lost:
+        raise TransitionError(f"every replica of {', '.join(lost)} was lost")
+    return plan_plans(current, target, stage_states(setup), sizer, setup.cluster,
+                      capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
+                      replicated=replicated, alive=alive)
