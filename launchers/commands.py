@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from launchers.flags import slurm_flags
 from nereus.errors import ConfigError
 
 MPI_FLAVOURS = ("openmpi", "mpich")
@@ -77,32 +78,24 @@ def _slots_per_host(spec: LaunchSpec) -> int:
     return 1
 
 
+def srun_flags(spec: LaunchSpec) -> list[str]:
+    """srun's flags for ``spec`` (:func:`launchers.flags.slurm_flags`)."""
+    nodes = spec.nodes if spec.nodes is not None else (len(spec.nodelist) or None)
+    pairs: list[tuple[str, object]] = [
+        ("mpi", spec.mpi), ("ntasks", spec.ntasks), ("nodes", nodes),
+        ("ntasks_per_node", spec.ntasks_per_node),
+        ("nodelist", ",".join(spec.nodelist) or None), ("cpus_per_task", spec.cpus_per_task),
+        ("gpus_per_task", spec.gpus_per_task), ("cpu_bind", spec.cpu_bind),
+        ("kill_on_bad_exit", 1 if spec.kill_on_bad_exit else 0), ("no_kill", spec.no_kill),
+        ("label", spec.label),
+        ("export", ("ALL," + ",".join(f"{k}={v}" for k, v in spec.env)) if spec.env else None),
+    ]
+    return slurm_flags(pairs)
+
+
 def srun_argv(spec: LaunchSpec) -> tuple[str, ...]:
     """``srun`` for one job step of the ranks (inside an allocation)."""
-    argv = ["srun", f"--mpi={spec.mpi}"]
-    if spec.ntasks is not None:
-        argv.append(f"--ntasks={spec.ntasks}")
-    nodes = spec.nodes if spec.nodes is not None else (len(spec.nodelist) or None)
-    if nodes is not None:
-        argv.append(f"--nodes={nodes}")
-    if spec.ntasks_per_node is not None:
-        argv.append(f"--ntasks-per-node={spec.ntasks_per_node}")
-    if spec.nodelist:
-        argv.append("--nodelist=" + ",".join(spec.nodelist))
-    if spec.cpus_per_task is not None:
-        argv.append(f"--cpus-per-task={spec.cpus_per_task}")
-    if spec.gpus_per_task is not None:
-        argv.append(f"--gpus-per-task={spec.gpus_per_task}")
-    if spec.cpu_bind is not None:
-        argv.append(f"--cpu-bind={spec.cpu_bind}")
-    argv.append(f"--kill-on-bad-exit={1 if spec.kill_on_bad_exit else 0}")
-    if spec.no_kill:
-        argv.append("--no-kill")
-    if spec.label:
-        argv.append("--label")
-    if spec.env:
-        argv.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in spec.env))
-    return (*argv, *spec.argv)
+    return ("srun", *srun_flags(spec), *spec.argv)
 
 
 def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:

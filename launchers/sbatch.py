@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launchers.commands import LaunchSpec, mpiexec_argv, srun_argv
+from launchers.flags import slurm_flags
 from nereus.errors import ConfigError, NereusError
 
 # "direct" runs the argv in the batch shell itself (a driver that starts its own srun steps).
@@ -94,30 +95,16 @@ def launch_argv(spec: SbatchSpec) -> tuple[str, ...]:
 
 
 def _directives(spec: SbatchSpec) -> list[str]:
-    out = [f"--job-name={spec.job_name}"]
-    if spec.nodes is not None:
-        out.append(f"--nodes={spec.nodes}")
-    if spec.ntasks_per_node is not None:
-        out.append(f"--ntasks-per-node={spec.ntasks_per_node}")
-    if spec.gpus_per_node is not None:
-        out.append(f"--gpus-per-node={spec.gpus_per_node}")
-    if spec.cpus_per_task is not None:
-        out.append(f"--cpus-per-task={spec.cpus_per_task}")
-    if spec.time_limit is not None:
-        out.append(f"--time={spec.time_limit}")
-    if spec.partition is not None:
-        out.append(f"--partition={spec.partition}")
-    out.append(f"--output={spec.output}")
-    if spec.error is not None:
-        out.append(f"--error={spec.error}")
-    out.append("--open-mode=append")  # a requeued run appends to the same log
-    if spec.no_kill:
-        out.append("--no-kill")
-    out.append("--requeue" if spec.requeue else "--no-requeue")
-    if spec.signal_warning is not None:
-        out.append(f"--signal={spec.signal_warning}")
-    out += spec.extra_directives
-    return [f"#SBATCH {d}" for d in out]
+    pairs: list[tuple[str, object]] = [
+        ("job_name", spec.job_name), ("nodes", spec.nodes),
+        ("ntasks_per_node", spec.ntasks_per_node), ("gpus_per_node", spec.gpus_per_node),
+        ("cpus_per_task", spec.cpus_per_task), ("time", spec.time_limit),
+        ("partition", spec.partition), ("output", spec.output), ("error", spec.error),
+        ("open_mode", "append"),  # a requeued run appends to the same log
+        ("no_kill", spec.no_kill), ("requeue", spec.requeue), ("no_requeue", not spec.requeue),
+        ("signal", spec.signal_warning),
+    ]
+    return [f"#SBATCH {d}" for d in [*slurm_flags(pairs), *spec.extra_directives]]
 
 
 _BODY = """\

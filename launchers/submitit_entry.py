@@ -130,8 +130,12 @@ def submitit_parameters() -> dict[str, Any]:
     """``executor.update_parameters(**submitit_parameters())``: the same elastic launch as the
     sbatch templates (allocation and steps survive a node failure; PMI2; no kill on a bad exit).
     submitit keeps its own ``--signal=USR2@90`` and requeue handling."""
+    from launchers.flags import slurm_flags
+
     return {
+        # submitit renders these with its own _as_sbatch_flag: the same spelling as ours
         "slurm_additional_parameters": {"no_kill": True},
-        "slurm_srun_args": ["--mpi=pmi2", "--no-kill", "--kill-on-bad-exit=0"],
+        "slurm_srun_args": slurm_flags([("mpi", "pmi2"), ("no_kill", True),
+                                        ("kill_on_bad_exit", 0)]),
         "slurm_setup": ["export SLURM_NO_KILL=set"],
     }

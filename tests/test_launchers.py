@@ -244,3 +244,20 @@ def test_entry_kills_a_child_that_ignores_the_signal(tmp_path: Path) -> None:
     runner.join(timeout=10)
     assert errors and "exit -9" in str(errors[0])
     assert entry.stop_child() is None  # nothing running any more
+
+
+def test_one_flag_renderer_spells_every_slurm_flag() -> None:
+    """srun, sbatch and submitit write a setting the same way (as submitit's _as_sbatch_flag)."""
+    from launchers.commands import srun_flags
+    from launchers.flags import as_flag, slurm_flags
+    from launchers.submitit_entry import submitit_parameters
+
+    assert as_flag("ntasks_per_node", 4) == "--ntasks-per-node=4"
+    assert as_flag("no_kill", True) == "--no-kill"
+    assert slurm_flags([("a", None), ("b", False), ("c_d", 0)]) == ["--c-d=0"]
+    srun = srun_flags(LaunchSpec(argv=("x",)))
+    params = submitit_parameters()
+    assert set(params["slurm_srun_args"]) <= set(srun)  # the same elastic step flags
+    sbatch = sbatch_script(SbatchSpec(job_name="j", launch=LaunchSpec(argv=("x",))))
+    no_kill = as_flag("no_kill", params["slurm_additional_parameters"]["no_kill"])
+    assert f"#SBATCH {no_kill}" in sbatch and no_kill in srun
