@@ -6,7 +6,9 @@ whose every replica of some model-stage died can resume; 0 = never, the default)
 directory to start from: its newest checkpoint's state and step — the restart baseline),
 ``kill`` (a list of ``{node: n, at_step: k, phase: step|transition, after_s: t, runtime: b}``:
 every rank of virtual node n kills itself with SIGKILL ``after_s`` seconds into step k, or into the
-plan change after step k — real process deaths at chosen moments, for tests and benchmarks; with
+plan change after step k — at the latest when its part of that step or plan change ends, so the
+death lands inside it on a fast machine too — real process deaths at chosen moments, for tests
+and benchmarks; with
 ``runtime: true`` the dying ranks take the MPI runtime down with them, as when Open MPI loses the
 daemon of a dead node and ends the whole job), ``relaunch`` (how many times ``nereus run`` starts
 the job again on the surviving nodes from the newest checkpoint when the MPI runtime itself died;

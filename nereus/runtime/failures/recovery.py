@@ -111,6 +111,7 @@ class FailureHandler:
         self.leader = False  # rank 0 of the survivors (after a failure)
         self.leader_known = False  # False until the survivors have a communicator
         self._armed: set[tuple[int, str]] = set()
+        self._due: dict[tuple[int, str], threading.Event] = {}
         self._kill_lock = threading.Lock()  # an injected death either happens or never will
         self._disarmed = False
         self._cluster: Any = None  # ClusterEvents under Slurm (rank 0), False elsewhere
@@ -194,7 +195,8 @@ class FailureHandler:
             self.original += tuple(range(len(self.original), size))
 
     def arm(self, rank: int, step: int, phase: str) -> None:
-        """Injected deaths: every rank of the chosen original node kills itself (SIGKILL)."""
+        """Injected deaths: every rank of the chosen original node kills itself (SIGKILL)
+        ``after_s`` into the step or plan change, or when :meth:`due` says it ended."""
         if self.rc is None or (step, phase) in self._armed:
             return
         self._track(rank + 1)
@@ -206,9 +208,11 @@ class FailureHandler:
         self._armed.add((step, phase))
         delay_s, path = kills[0].after_s, f"{self.log_path}.kills"
         with_runtime = kills[0].runtime
+        now = threading.Event()
+        self._due[(step, phase)] = now
 
         def die() -> None:
-            time.sleep(delay_s)
+            now.wait(delay_s)  # the moment, or the end of the step / plan change
             self._kill_lock.acquire()  # held until the process dies: disarm() waits for it
             if self._disarmed:
                 self._kill_lock.release()
@@ -222,6 +226,16 @@ class FailureHandler:
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=die, daemon=True).start()
+
+    def due(self, step: int, phase: str) -> None:
+        """This rank's part of step ``step`` (or of the plan change after it) ended: a death
+        armed for it that has not fired yet fires now, before anything of it is reported."""
+        now = self._due.pop((step, phase), None)
+        if now is None:
+            return
+        now.set()
+        while not self._disarmed:  # the armed thread ends this process
+            time.sleep(0.05)
 
     def disarm(self) -> None:
         """The run's work is done: an injected death not yet fired never fires (one that is

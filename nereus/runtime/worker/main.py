@@ -266,6 +266,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         else:
             res = run_step(inp, units, step, comm, account)
         step_s = time.perf_counter() - t0
+        ft.due(step, "step")  # an injected death of this step lands inside it
         gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
         order_d: dict[str, Any] | None = None
         if plane.is_root:  # observe → calibrate → decide → log (rank0/loop.py)
@@ -289,6 +290,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
             raise Grown(*grow(comm, units, ft, order.target, order.pool, step,
                               worker_argv=sys.argv[1:]))
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
+        ft.due(step, "transition")
         measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
         if plane.is_root:
             assert recorder is not None
