@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.cost.calibration import default_calibration
-from nereus.cost.latency import _sum_max_linear, stage_latency, step_latency_s
+from nereus.cost.latency import stage_latency, step_latency_s, sum_max_linear
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GPU_PRESETS, ClusterSpec, OpClass
 from nereus.spec.job import JobSpec, Setup
@@ -273,7 +273,7 @@ def test_step_missing_stage_is_config_error() -> None:
 )
 def test_sum_max_linear_matches_brute_force(a1: float, b1: float, a2: float, b2: float, n: int) -> None:
     brute = sum(max(a1 + b1 * j, a2 + b2 * j) for j in range(n))
-    assert _sum_max_linear(a1, b1, a2, b2, n) == pytest.approx(brute, rel=1e-9, abs=1e-9)
+    assert sum_max_linear(a1, b1, a2, b2, n) == pytest.approx(brute, rel=1e-9, abs=1e-9)
 
 
 def test_generation_decode_dominated_by_weight_reads_at_small_batch() -> None:
@@ -298,11 +298,9 @@ def test_value_head_is_cheaper_than_lm_head() -> None:
 
 
 def _clear_cost_caches() -> None:
-    from nereus.cost import latency, workload
+    from nereus.cost.latency import clear_caches
 
-    workload._RECENT.clear()
-    workload._stage_context.cache_clear()
-    latency._rates.cache_clear()
+    clear_caches()
 
 
 @settings(max_examples=40, deadline=None)

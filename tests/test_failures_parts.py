@@ -20,7 +20,7 @@ from nereus.runtime.failures.boundary import (
     surviving_replica,
 )
 from nereus.runtime.failures.checkpoint import latest_global, read_history, save_global
-from nereus.runtime.failures.recovery import _node_map, survivor_setup
+from nereus.runtime.failures.recovery import surviving_node_map, survivor_setup
 from nereus.runtime.failures.ulfm import secondary
 from nereus.runtime.worker.state import Counters
 from nereus.spec.plan import ExecutionPlan, StagePlan
@@ -76,7 +76,7 @@ def test_survivors_are_renumbered_onto_whole_nodes(tmp_path: Path) -> None:
     new, renumber = survivor_setup(setup, (0, 1, 4, 5))
     assert new.cluster.nodes == 2 and new.cluster.gpus_per_node == 2
     assert renumber == {0: 0, 1: 1, 4: 2, 5: 3}
-    assert _node_map(setup, renumber) == {0: 0, 2: 1}  # node 1 died; node 2 is now node 1
+    assert surviving_node_map(setup, renumber) == {0: 0, 2: 1}  # node 1 died; node 2 is now node 1
     assert new.cluster.gpu == setup.cluster.gpu and new.job == setup.job
 
 

@@ -20,7 +20,7 @@ from log_writer_proc import STAGES, expected_peak_bytes, expected_step_s
 from nereus.cli import main as cli_main
 from nereus.errors import ConfigError, LogFormatError
 from nereus.log import schema as S
-from nereus.log.reader import _swmr_fapl, read_run_log
+from nereus.log.reader import read_run_log, swmr_fapl
 from nereus.log.writer import RunLogWriter
 from nereus.spec.plan import ExecutionPlan, StagePlan
 
@@ -411,7 +411,7 @@ def test_foreign_files_one_line_exit_2(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_damaged_metadata_fails_fast(tmp_path: Path) -> None:
     """A SWMR reader retries bad checksums with backoff; ours gives up in well under a second."""
-    assert _swmr_fapl() is not None
+    assert swmr_fapl() is not None
     path = _valid_log(tmp_path)
     data = bytearray(path.read_bytes())
     data[2000:2400] = bytes(400)
@@ -442,7 +442,7 @@ def test_reader_without_the_read_attempts_setting(
     """Where libhdf5 cannot be reached through ctypes, plain h5py SWMR opening is used."""
     import nereus.log.reader as reader
 
-    monkeypatch.setattr(reader, "_swmr_fapl", lambda: None)
+    monkeypatch.setattr(reader, "swmr_fapl", lambda: None)
     path = _valid_log(tmp_path)
     assert read_run_log(path).rows("steps") == 6
     cut = tmp_path / "cut.h5"

@@ -113,6 +113,8 @@ def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: P
     # critic-train's only replicas (node 3) with it, so it fell back to gather+reload and says so.
     dags = read_run_log(tmp_path / "forced.h5").tables["transitions"]["dag"]
     assert [d["executor"] for d in dags] == ["dag", "dag"], list(dags)
+    # each change planned once, by rank 0, and executed as sent (no rank plans it again)
+    assert [d["compilations"] for d in dags] == [1, 1], list(dags)
     (removal,) = read_run_log(tmp_path / "removal.h5").tables["transitions"]["dag"]
     assert removal["executor"] == "dag" or (
         removal["executor"] == "gather-reload" and "every replica of" in removal["reason"]
@@ -295,6 +297,10 @@ def test_capacity_drop_is_an_oom_the_controller_handles_on_the_urgent_path(
     assert "capacity-change" in list(ev["kind"])
     adm = run.tables["admissions"]
     assert list(adm["step"]) == [1] and list(adm["path"]) == ["urgent"] and adm["admitted"][0]
+    # the admitted change was planned once; the log's prediction is admission's own L̂_tran
+    (change,) = run.tables["transitions"]["dag"]
+    assert change["compilations"] == 1, change
+    assert run.tables["transitions"]["predicted_s"][0] == adm["transition_s"][0]
     mem = run.tables["gpu_memory"]
     last = [int(b) for s, b in zip(mem["step"], mem["peak_bytes"], strict=True) if s == 2]
     assert last and max(last) <= 77_000_000  # the new plan fits the smaller devices

@@ -284,16 +284,16 @@ def test_replica_matrices_are_read_once_per_plan_object_and_leave_with_it() -> N
     cur = _blocks(64, spec)
     tgt = _blocks(64, (("actor-gen", 8, 1, 1), ("ref-inf", 4, 2, 1), ("actor-train", 4, 8, 1)))
     first = plan_plans(cur, tgt, STATES, LLAMA).dag
-    rows = fast._stage_rows(cur.stages[0])
+    rows = fast.stage_rows(cur.stages[0])
     assert rows is not None and not rows.flags.writeable
-    assert fast._stage_rows(cur.stages[0]) is rows  # kept
+    assert fast.stage_rows(cur.stages[0]) is rows  # kept
     equal = ExecutionPlan(tuple(dataclasses.replace(sp) for sp in tgt.stages))
     keys = [id(sp) for sp in equal.stages]
     assert plan_plans(cur, equal, STATES, LLAMA).dag == first
-    assert all(k in fast._ROWS for k in keys)
+    assert all(k in fast.ROW_CACHE for k in keys)
     del equal
     gc.collect()
-    assert not any(k in fast._ROWS for k in keys)
+    assert not any(k in fast.ROW_CACHE for k in keys)
     # a plan whose replicas changed is a new object: read afresh
     gen = tgt.stages[0]
     moved = ExecutionPlan((dataclasses.replace(gen, replicas=gen.replicas[::-1]),) + tgt.stages[1:])
@@ -307,13 +307,13 @@ def test_a_lone_donor_reads_as_the_round_replay(blocked: list[bool], donor: int,
     """The shortcut for a pool of only the donor gives the round-by-round replay's order."""
     import numpy as np
 
-    from nereus.transition.batched.sources import _replay, heap_rounds
+    from nereus.transition.batched.sources import heap_rounds, replay_rounds
 
     n = len(blocked)
     slots = np.arange(100, 100 + n)
     args = (np.array([donor]), np.array([free]), slots, np.array(blocked))
     got = heap_rounds(*args, donor)
-    want = _replay(*args, donor, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64))
+    want = replay_rounds(*args, donor, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64))
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
 
@@ -324,7 +324,7 @@ def test_a_pool_that_fills_every_slot_reads_as_the_round_replay(data: st.DataObj
     """The shortcut for a pool at least as large as the slots gives the replay's order."""
     import numpy as np
 
-    from nereus.transition.batched.sources import _replay, heap_rounds
+    from nereus.transition.batched.sources import heap_rounds, replay_rounds
 
     k = n + more
     pool = np.array(data.draw(st.lists(st.integers(0, 999), min_size=k, max_size=k,
@@ -333,6 +333,6 @@ def test_a_pool_that_fills_every_slot_reads_as_the_round_replay(data: st.DataObj
     blocked = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     slots = np.arange(2000, 2000 + n)
     got = heap_rounds(pool, free, slots, blocked, -1)
-    want = _replay(pool, free, slots, blocked, -1, np.empty(n, dtype=np.int64),
+    want = replay_rounds(pool, free, slots, blocked, -1, np.empty(n, dtype=np.int64),
                    np.empty(n, dtype=np.int64))
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

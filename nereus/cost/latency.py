@@ -117,7 +117,7 @@ def _rates(gpu: GpuSpec, calib: Calibration) -> _Rates:
     return _Rates(gpu, calib)
 
 
-def _sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float:
+def sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float:
     """``Σ_{j=0}^{n-1} max(a1 + b1·j, a2 + b2·j)`` in closed form."""
 
     def part(a: float, b: float, lo: int, hi: int) -> float:
@@ -208,7 +208,7 @@ def _profile(
             wb = w_layer * layers + (w_head if last else 0.0)
             kv = kv_layer * layers
             comp_a = dec_gemm * layers + dec_attn * sp * layers + (dec_head if last else 0.0)
-            decode = _sum_max_linear(
+            decode = sum_max_linear(
                 (wb + kv * sp) * dec_mem, kv * dec_mem, comp_a, dec_attn * layers, g
             )
             base: tuple[float, ...] = (
@@ -272,3 +272,11 @@ def step_latency_s(workflow: Workflow, stage_s: Mapping[str, float]) -> float:
             total += max(times, default=0.0)
         lanes.append(total)
     return max(lanes, default=0.0)
+
+
+def clear_caches() -> None:
+    """Forget the memoized rates and stage contexts (tests of cold-cache behaviour)."""
+    from nereus.cost import workload
+
+    workload.clear_caches()
+    _rates.cache_clear()

@@ -276,3 +276,9 @@ def workload(setup: Setup, ms: ModelStage, cand: Candidate) -> Workload:
         dims=ctx.dims,
         head_params=ctx.head_params(cand.pp),
     )
+
+
+def clear_caches() -> None:
+    """Forget the memoized stage contexts (tests of cold-cache behaviour)."""
+    _RECENT.clear()
+    _stage_context.cache_clear()

@@ -96,7 +96,7 @@ def _stored_end_of_file(path: str) -> int | None:
     return base + int.from_bytes(head[28:36], "little")
 
 
-def _swmr_fapl() -> Any:
+def swmr_fapl() -> Any:
     """A file-access property list with few metadata read attempts, or None if unavailable.
 
     h5py does not wrap H5Pset_metadata_read_attempts; call it on h5py's own libhdf5 (already
@@ -126,7 +126,7 @@ def _swmr_fapl() -> Any:
 def _open_swmr(path: str) -> Any:
     import h5py
 
-    fapl = _swmr_fapl()
+    fapl = swmr_fapl()
     if fapl is None:
         return h5py.File(path, "r", swmr=True)
     flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ

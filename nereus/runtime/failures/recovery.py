@@ -75,7 +75,7 @@ def survivor_setup(setup: Setup, alive: tuple[int, ...]) -> tuple[Setup, dict[in
     return replace(setup, cluster=replace(setup.cluster, nodes=nodes)), renumber
 
 
-def _node_map(setup: Setup, renumber: dict[int, int]) -> dict[int, int]:
+def surviving_node_map(setup: Setup, renumber: dict[int, int]) -> dict[int, int]:
     """Old node → new node, for nodes all of whose GPUs survived."""
     gpn = setup.cluster.gpus_per_node
     out = {}
@@ -288,7 +288,7 @@ class FailureHandler:
                     f"ranks {lost_original} died with every replica of {', '.join(lost)} and "
                     "there is no checkpoint to resume from (set runtime.failures.checkpoint_every)")
             restored, step, globs, counters = ck[0], ck[1], ck[2], ck[3]
-        node_map = _node_map(self.setup, renumber)
+        node_map = surviving_node_map(self.setup, renumber)
         rc = replace(self.rc, events=tuple(replace(e, node=node_map[e.node])
                                            for e in self.rc.events if e.node in node_map))
         self.generation += 1

@@ -118,23 +118,23 @@ def _rows(reps: Sequence[Sequence[int]], size: int) -> np.ndarray | None:
 # Replica matrices of the stage plans read so far, by identity: the controller plans every
 # transition out of its current plan, which was the target of the last one, so its matrices are
 # read once. An entry leaves with its plan (weak reference); the matrices are read-only.
-_ROWS: dict[int, tuple[weakref.ref[StagePlan], np.ndarray | None]] = {}
+ROW_CACHE: dict[int, tuple[weakref.ref[StagePlan], np.ndarray | None]] = {}
 
 
 def _forget(key: int, _: object) -> None:
-    _ROWS.pop(key, None)
+    ROW_CACHE.pop(key, None)
 
 
-def _stage_rows(sp: StagePlan) -> np.ndarray | None:
+def stage_rows(sp: StagePlan) -> np.ndarray | None:
     """:func:`_rows` of ``sp``'s replicas, kept while ``sp`` lives."""
     key = id(sp)
-    got = _ROWS.get(key)
+    got = ROW_CACHE.get(key)
     if got is not None and got[0]() is sp:
         return got[1]
     rows = _rows(sp.replicas, sp.tp * sp.pp)
     if rows is not None:
         rows.flags.writeable = False
-    _ROWS[key] = (weakref.ref(sp, partial(_forget, key)), rows)
+    ROW_CACHE[key] = (weakref.ref(sp, partial(_forget, key)), rows)
     return rows
 
 
@@ -148,7 +148,7 @@ def _plan_sides(plan: ExecutionPlan, states: Mapping[str, str],
             return None
         if not sp.replicas:
             continue
-        rows = _stage_rows(sp)
+        rows = stage_rows(sp)
         if rows is None:
             return None
         if alive is not None:

@@ -51,10 +51,10 @@ def heap_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray,
         out[:] = np.concatenate([pool[~pool_free], pool[pool_free]])[:n_slots]
         prev.fill(NONE)
         return out, prev
-    return _replay(pool, pool_free, slots, blocked, donor, out, prev)
+    return replay_rounds(pool, pool_free, slots, blocked, donor, out, prev)
 
 
-def _replay(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray, blocked: np.ndarray,
+def replay_rounds(pool: np.ndarray, pool_free: np.ndarray, slots: np.ndarray, blocked: np.ndarray,
             donor: int, out: np.ndarray, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`heap_rounds` a round at a time (any pool)."""
     n_slots = slots.size
