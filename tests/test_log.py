@@ -328,7 +328,8 @@ def test_report_summary_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = tmp_path / "run_report"  # the default: next to the log
     assert [Path(p) for p in s["plots"]] == [
         out / n
-        for n in ("step_latency.png", "plan_timeline.png", "gpu_memory.png", "transitions.png")
+        for n in ("step_latency.png", "plan_timeline.png", "gpu_memory.png", "transitions.png",
+                  "stage_times.png")
     ]
     for p in s["plots"]:
         data = Path(p).read_bytes()

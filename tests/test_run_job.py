@@ -59,12 +59,22 @@ def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> Non
     rep = nereus("report", str(log), "--json", "--no-plots")
     assert rep.returncode == 0, rep.stderr
     data = json.loads(rep.stdout)
-    assert json.dumps(data).count("step") > 0
+    assert data["steps"] == 3 and data["closed"]
     from nereus.log.reader import read_run_log
 
     run = read_run_log(log)
     assert run.closed and list(run.steps["step"]) == [0, 1, 2]
     assert np.all(run.steps["step_s"] > 0)
+    # Live calibration: every step every model-stage's time against its prediction, the samples
+    # the calibration took from them, and the refitted efficiencies and fixed costs.
+    stages = {sp["name"] for sp in run.initial_plan["stages"]}
+    st = run.tables["stage_times"]
+    for step in (0, 1, 2):
+        assert set(st["model_stage"][st["step"] == step].tolist()) == stages, step
+        assert set(run.tables["calibration_samples"]["step"].tolist()) >= {step}
+        assert step in set(run.tables["fixed_costs"]["step"].tolist())
+    assert np.all(st["predicted_s"] > 0) and np.all(st["measured_s"] > 0)
+    assert set(data["stage_time_error"]["per_step_mape_pct"]) == {"0", "1", "2"}
 
 
 @pytest.mark.slow

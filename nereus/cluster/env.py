@@ -192,3 +192,12 @@ def watch_target(env: Mapping[str, str]) -> WatchTarget | None:
     if conf:
         command_env["SLURM_CONF"] = conf
     return WatchTarget(job_id, nodes, tuple(sorted(command_env.items())))
+
+
+def host_cores() -> int:
+    """The CPUs this process may run on (its affinity), e.g. the cores that ``nereus run``'s
+    local CPU ranks share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -55,7 +55,7 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
     cfg = load_config(args.config)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
-                              steps=args.steps)
+                              steps=args.steps, host_cores=getattr(args, "host_cores", 0))
     require_vllm(rc.generation)
     ctl = RankZeroController(setup, adapt=True)
     ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
@@ -139,6 +139,10 @@ def handler(args: argparse.Namespace) -> int:
         if args.ranks is None:
             args.ranks = job_env.world_size
         hosts = job_env.step_nodes
+    if all(_is_this_host(h) for h in hosts):  # every rank on this host: they share its cores
+        from nereus.cluster.env import host_cores
+
+        args.host_cores = host_cores()
     rc, setup, log = _check(args)
     _mpiexec_ok()
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:
@@ -205,7 +209,8 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
             os.remove(os.path.join(tmp, name))
     worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
                    "--ranks", str(rc.ranks), "--steps", str(rc.steps),
-                   "--summary-json", summary_path]
+                   "--summary-json", summary_path,
+                   "--host-cores", str(getattr(args, "host_cores", 0))]
     argv = mpiexec_command(rc.start_ranks, worker_args, hosts)
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     if hosts and all(_is_this_host(h) for h in hosts):

@@ -14,7 +14,7 @@ from nereus.spec.workflow import ALGORITHMS, MODES
 
 JOB_KEYS = (
     "algorithm", "mode", "global_batch", "samples_per_prompt", "minibatches", "prompt_len",
-    "gen_len", "gen_len_p95", "reward_model", "actor_inf", "dtype_bytes",
+    "gen_len", "gen_len_p95", "reward_model", "actor_inf", "dtype_bytes", "static_batches",
 )
 DEFAULT_SAMPLES_PER_PROMPT = {"ppo": 1, "grpo": 8, "remax": 1}
 DTYPE_BYTES = (2, 4)  # bf16/fp16, fp32
@@ -35,6 +35,7 @@ class JobFields:
     reward_model: bool = True
     actor_inf: bool = False
     dtype_bytes: int = 2
+    static_batches: bool = False
 
 
 def _dtype_bytes(path: str, value: Any) -> int:
@@ -55,6 +56,7 @@ _JOB_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "reward_model": f.boolean,
     "actor_inf": f.boolean,
     "dtype_bytes": _dtype_bytes,
+    "static_batches": f.boolean,
 }
 
 
@@ -136,5 +138,6 @@ def build_job(
         dtype_bytes=job.dtype_bytes,
         reward_model=job.reward_model,
         actor_inf=job.actor_inf,
+        static_batches=job.static_batches,
         controller=controller,
     )

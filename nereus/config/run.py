@@ -162,9 +162,11 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
 
 
 def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | None = None,
-                  steps: int | None = None) -> tuple[RunConfig, Setup]:
+                  steps: int | None = None, host_cores: int = 0) -> tuple[RunConfig, Setup]:
     """Check the ``runtime:`` section (CLI values override it); returns it and the setup on the
-    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node)."""
+    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node).
+    ``host_cores``: the cores the ranks share, when they are CPU ranks on one host (the caller
+    counts them; 0: unknown)."""
     raw = f.mapping("runtime", raw or {}, KEYS)
     cl = setup.cluster
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
@@ -183,7 +185,10 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     if "memory_per_rank_gb" in raw:
         mem_gb = f.positive_float("runtime.memory_per_rank_gb", raw["memory_per_rank_gb"])
         cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)))
-    setup = replace(setup, cluster=cluster)
+    if cluster.gpu.vendor == "cpu" and host_cores > 0:
+        cluster = replace(cluster, host_cores=host_cores, hosts=1)
+    # nereus run's engines pad each step's batch to its longest response (static batches)
+    setup = replace(setup, cluster=cluster, job=replace(setup.job, static_batches=True))
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps))
     # Events are checked against the config's own steps and cluster; a run made shorter or

@@ -26,10 +26,14 @@ from nereus.transition.planned import PlannedTransition, plan_transition, stage_
 
 
 def setup_for(setup: Setup, obs: Observation) -> Setup:
-    """The job as observed: generated lengths from the observation (mean for time, p95 for memory)."""
+    """The job as observed: generated lengths from the observation (mean for time, p95 for
+    memory), and on CPU ranks sharing a host how many of them run (the pool)."""
     mean = max(1, round(obs.gen_len_mean))
     p95 = max(mean, round(obs.gen_len_p95))
-    return replace(setup, job=replace(setup.job, gen_len=mean, gen_len_p95=p95))
+    cluster = setup.cluster
+    if cluster.host_cores and cluster.busy_gpus != len(obs.pool):  # CPU ranks: the pool runs
+        cluster = replace(cluster, busy_gpus=len(obs.pool))
+    return replace(setup, job=replace(setup.job, gen_len=mean, gen_len_p95=p95), cluster=cluster)
 
 
 def plan_step_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> float:

@@ -22,6 +22,10 @@ Assumptions, stated once:
   HBM at decode-memory efficiency) and the compute time, plus TP all-reduces and PP sends of one
   token's hidden states (latency-dominated).
 - All replicas are identical on a homogeneous cluster, so the slowest replica is any replica.
+- Fixed costs per event (a layer's kernels for one micro-batch, a decoded token, an update) come
+  on top, as the component ``fixed`` (:mod:`nereus.cost.overhead`; 0 on GPUs until measured).
+- CPU ranks playing GPUs share their host's cores: every component is stretched by
+  ``ClusterSpec.contention`` (busy ranks per host over its cores); 1 on GPUs.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.cost.calibration import Calibration
+from nereus.cost.overhead import fixed_time_s, step_event_counts
 from nereus.cost.workload import (
     MEMO_MAX,
     StageContext,
@@ -253,8 +258,13 @@ def stage_latency(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibrat
         traffic = (ADAM_STATE_TRAFFIC_BYTES + 2 * bts) * prof.shard_params
         comps.append(("optimizer", traffic / r.copy_bps))
     u = ctx.updates
-    scaled = tuple((k, u * v) for k, v in comps)
-    return StageLatency(ms.name, sum(v for _, v in scaled), scaled)
+    scaled = [(k, u * v) for k, v in comps]
+    # fixed costs per event (layer passes, decoded tokens, ...): nereus.cost.overhead
+    scaled.append(("fixed", fixed_time_s(step_event_counts(ctx, cand), setup.cluster.gpu, calib)))
+    c = setup.cluster.contention  # CPU ranks sharing a host's cores run that much slower
+    if c != 1.0:
+        scaled = [(k, c * v) for k, v in scaled]
+    return StageLatency(ms.name, sum(v for _, v in scaled), tuple(scaled))
 
 
 def step_latency_s(workflow: Workflow, stage_s: Mapping[str, float]) -> float:

@@ -14,6 +14,7 @@ converges to its measured time; op-level samples, when present, separate the cla
 from __future__ import annotations
 
 from nereus.cost.calibration import Calibration
+from nereus.cost.fit import Sample
 from nereus.cost.latency import StageLatency
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GpuSpec, OpClass
@@ -76,3 +77,28 @@ def with_stage_time(
     for op, ideal_s, sample_s in stage_time_samples(latency, measured_s, gpu, calib, inter_node):
         calib = calib.with_time_sample(gpu, op, ideal_s, sample_s, alpha)
     return calib
+
+
+def stage_sample(latency: StageLatency, counts: tuple[tuple[str, float], ...], measured_s: float,
+                 gpu: GpuSpec, calib: Calibration, inter_node: bool = False,
+                 contention: float = 1.0) -> Sample:
+    """One measured stage time as a fitting sample (:mod:`nereus.cost.fit`): the predicted
+    components' work at 100% of peak per op class (the pipeline bubble spread over them: idle
+    time stretches the busy classes alike), and the stage's fixed-cost event ``counts``
+    (:func:`nereus.cost.overhead.step_event_counts`), both as stretched by CPU ranks sharing a
+    host (``contention``: ``latency`` is already)."""
+    busy = {k: v for k, v in latency.components
+            if k not in ("pp_bubble", "fixed") and v > 0}
+    total_busy = sum(busy.values())
+    stretch = (total_busy + latency.component("pp_bubble")) / total_busy if total_busy > 0 \
+        else 1.0
+    ideal: dict[str, float] = {}
+    for comp, t in busy.items():
+        op = COMPONENT_CLASS.get(comp)
+        if op is None and comp in LINK_COMPONENTS:
+            op = LINK_COMPONENTS[comp][1 if inter_node else 0]
+        if op is None:
+            continue
+        ideal[op.value] = ideal.get(op.value, 0.0) + t * stretch * calib.efficiency(gpu, op)
+    return Sample(tuple(sorted(ideal.items())), tuple((k, n * contention) for k, n in counts),
+                  measured_s, latency.name)

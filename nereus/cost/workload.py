@@ -199,10 +199,10 @@ def _stage_context(setup: Setup, ms: ModelStage) -> StageContext:
         sequences=sequences,
         updates=updates,
         per_update=sequences // updates,
-        seq_len=job.seq_len,
+        seq_len=job.max_seq_len if job.static_batches else job.seq_len,
         max_seq_len=job.max_seq_len,
         prompt_len=job.prompt_len,
-        gen_len=job.gen_len,
+        gen_len=(job.gen_len_p95 or job.gen_len) if job.static_batches else job.gen_len,
         max_gen_len=job.gen_len_p95 or job.gen_len,
         dtype_bytes=job.dtype_bytes,
     )

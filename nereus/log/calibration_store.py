@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from nereus.cost.calibration import Calibration
 from nereus.errors import ConfigError
@@ -33,8 +34,25 @@ def save_calibration(path: str | os.PathLike[str], calib: Calibration) -> None:
         raise
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
+    """A calibration file (JSON, :func:`save_calibration`) or a run log (HDF5: what the run had
+    learned at its last step, :func:`calibration_from_log`)."""
     p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(len(HDF5_SIGNATURE))
+    except OSError:
+        head = b""
+    if head == HDF5_SIGNATURE:
+        from nereus.log.reader import LogFormatError, read_run_log
+
+        try:
+            return calibration_from_log(read_run_log(p))
+        except LogFormatError as exc:
+            raise ConfigError("--calibration", str(p), f"not a readable run log ({exc})") from None
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -49,3 +67,18 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
         raise ConfigError("--calibration", doc.get("version"), f"calibration file version must be {VERSION}")
     body = {k: v for k, v in doc.items() if k not in ("format", "version")}
     return Calibration.from_dict(body)
+
+
+def calibration_from_log(log: Any) -> Calibration:
+    """What a run had calibrated at its last step: the efficiencies and fixed costs it logged
+    last for each hardware (``nereus.log.reader.RunLog``; an empty store when none)."""
+    eff: dict[tuple[str, str], float] = {}
+    e = log.tables["efficiencies"]
+    for hw, op, v in zip(e["hardware"], e["op_class"], e["efficiency"], strict=True):
+        eff[(str(hw), str(op))] = float(v)  # rows in step order: the last one wins
+    fixed: dict[tuple[str, str], float] = {}
+    f = log.tables["fixed_costs"]
+    for hw, ev, v in zip(f["hardware"], f["event"], f["seconds"], strict=True):
+        fixed[(str(hw), str(ev))] = float(v)
+    return Calibration(tuple(sorted((h, o, v) for (h, o), v in eff.items())), (),
+                       tuple(sorted((h, k, v) for (h, k), v in fixed.items())))

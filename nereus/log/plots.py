@@ -1,4 +1,5 @@
-"""PNG plots of a run log (matplotlib, Agg): step latency, plan timeline, GPU memory, transitions.
+"""PNG plots of a run log (matplotlib, Agg): step latency, plan timeline, GPU memory, transitions,
+and each model-stage's predicted against measured time.
 
 Every plot is written even when its data is empty (it then says so), so that a report directory
 always holds the same four files.
@@ -14,7 +15,8 @@ import numpy as np
 from nereus.log.reader import RunLog
 from nereus.log.summary import plan_segments
 
-PLOT_FILES = ("step_latency.png", "plan_timeline.png", "gpu_memory.png", "transitions.png")
+PLOT_FILES = ("step_latency.png", "plan_timeline.png", "gpu_memory.png", "transitions.png",
+              "stage_times.png")
 _DPI = 100
 _MARGINS = {"left": 0.12, "right": 0.88, "bottom": 0.12, "top": 0.9, "wspace": 0.3}
 _MAX_MEMORY_LINES = 16  # more GPUs than this: a heat map instead of one line per GPU
@@ -147,8 +149,30 @@ def _transitions(plt: Any, log: RunLog) -> Any:
     return fig
 
 
+def _stage_times(plt: Any, log: RunLog) -> Any:
+    """Per model-stage: measured time per step (dots) and the cost model's prediction under the
+    calibration that step ran with (line): the closed loop at work."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    t = log.tables["stage_times"]
+    if t["step"].size == 0:
+        _empty(ax, "no stage times logged (a log of schema 1, or no step)")
+    else:
+        names = sorted(set(t["model_stage"].tolist()))
+        for i, name in enumerate(names):
+            sel = t["model_stage"] == name
+            color = f"C{i % 10}"
+            ax.plot(t["step"][sel], t["predicted_s"][sel], color=color, lw=1.2, label=name)
+            ax.plot(t["step"][sel], t["measured_s"][sel], color=color, ls="", marker="o", ms=3)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds (line: predicted, dots: measured)")
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.set_title("Model-stage time: predicted vs measured")
+    return fig
+
+
 def write_plots(log: RunLog, out_dir: Path) -> list[Path]:
-    """Write the four PNGs into ``out_dir`` (created) and return their paths."""
+    """Write the PNGs of :data:`PLOT_FILES` into ``out_dir`` (created); return their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,7 +181,8 @@ def write_plots(log: RunLog, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for name, draw in zip(
-        PLOT_FILES, (_step_latency, _plan_timeline, _gpu_memory, _transitions), strict=True
+        PLOT_FILES, (_step_latency, _plan_timeline, _gpu_memory, _transitions, _stage_times),
+        strict=True
     ):
         fig = draw(plt, log)
         try:

@@ -177,9 +177,9 @@ def _check_header(f: Any, path: str) -> tuple[int, str, float]:
         raise LogFormatError(
             path, f"attribute {S.ATTR_VERSION} missing or not an integer"
         ) from None
-    if version != S.SCHEMA_VERSION:
+    if not 1 <= version <= S.SCHEMA_VERSION:
         raise LogFormatError(
-            path, f"schema version {version}; this nereus reads version {S.SCHEMA_VERSION}"
+            path, f"schema version {version}; this nereus reads versions 1-{S.SCHEMA_VERSION}"
         )
     nereus_version = _attr_text(f.attrs, S.ATTR_NEREUS_VERSION, path)
     created = float(f.attrs.get(S.ATTR_CREATED, np.nan))
@@ -247,11 +247,14 @@ def read_run_log(path: str | os.PathLike[str]) -> RunLog:
         meta = _json_attr(run.attrs, S.ATTR_META_JSON, spath)
         config = _json_attr(run.attrs, S.ATTR_CONFIG_JSON, spath)
         plan = _json_attr(run.attrs, S.ATTR_INITIAL_PLAN_JSON, spath)
-        datasets = {t.name: _dataset(f, t.name, S.compound_dtype(t), spath) for t in S.TABLES}
+        datasets = {t.name: _dataset(f, t.name, S.compound_dtype(t), spath) for t in S.TABLES
+                    if t.since <= version}
         heap_ds = _dataset(f, S.HEAP, None, spath)
         # Tables first, then the heap: the writer appends JSON bytes before the rows naming them.
         try:
             raws = {name: ds[()] for name, ds in datasets.items()}
+            for t in S.TABLES:  # tables newer than the log: empty
+                raws.setdefault(t.name, np.zeros(0, dtype=S.compound_dtype(t)))
             heap = np.asarray(heap_ds[()], dtype=np.uint8)
         except Exception as exc:
             raise LogFormatError(spath, f"truncated or damaged data ({_first_line(exc)})") from None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FORMAT_NAME = "nereus-run-log"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: stage_times and fixed_costs (live calibration)
 
 # Root attributes.
 ATTR_FORMAT = "nereus_log_format"  # == FORMAT_NAME
@@ -73,6 +73,7 @@ class Table:
     chunk_rows: int
     meaning: str
     columns: tuple[Column, ...]
+    since: int = 1  # the schema version that added it (an older log reads it as empty)
 
     @property
     def json_columns(self) -> tuple[str, ...]:
@@ -191,6 +192,31 @@ TABLES: tuple[Table, ...] = (
             Column("kind", "name", "", "event kind"),
             Column("detail", "json", "", "event details (object)"),
         ),
+    ),
+    Table(
+        "stage_times",
+        256,
+        "predicted against measured time of each model-stage per step",
+        (
+            _STEP,
+            Column("model_stage", "name", "", "model-stage"),
+            Column("predicted_s", "f8", "s", "the cost model's time under the calibration the "
+                   "step ran with"),
+            Column("measured_s", "f8", "s", "measured time (slowest rank)"),
+        ),
+        since=2,
+    ),
+    Table(
+        "fixed_costs",
+        256,
+        "calibrated fixed cost per (hardware, event) after an update",
+        (
+            _STEP,
+            Column("hardware", "name", "", "hardware preset name"),
+            Column("event", "name", "", "event (layer-pass, decode-layer, unit-build, ...)"),
+            Column("seconds", "f8", "s", "seconds per event"),
+        ),
+        since=2,
     ),
 )
 

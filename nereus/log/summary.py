@@ -99,6 +99,7 @@ def summarize(log: RunLog) -> dict[str, Any]:
         "admissions": admissions,
         "events": dict(Counter(log.events["kind"].tolist())),
         "calibration_samples": int(log.rows("calibration_samples")),
+        "stage_time_error": _stage_error(log),
         "efficiency_updates": int(log.rows("efficiencies")),
         "efficiencies": efficiencies,
         "plan_timeline": [
@@ -106,6 +107,16 @@ def summarize(log: RunLog) -> dict[str, Any]:
             for seg in segments
         ],
     }
+
+
+def _stage_error(log: RunLog) -> dict[str, Any]:
+    """Mean absolute percentage error of the model-stage time predictions, per step."""
+    t = log.tables["stage_times"]
+    if t["step"].size == 0:
+        return {}
+    err = np.abs(t["predicted_s"] - t["measured_s"]) / np.maximum(t["measured_s"], 1e-12)
+    per_step = {int(s): 100.0 * float(np.mean(err[t["step"] == s])) for s in np.unique(t["step"])}
+    return {"mape_pct": 100.0 * float(np.mean(err)), "per_step_mape_pct": per_step}
 
 
 def _fmt_s(x: float | None) -> str:
@@ -150,6 +161,11 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"admissions: {adm}")
     events = ", ".join(f"{k} {v}" for k, v in sorted(s["events"].items())) or "none"
     lines.append(f"events: {events}")
+    if s.get("stage_time_error"):
+        per = s["stage_time_error"]["per_step_mape_pct"]
+        lines.append(
+            f"stage-time prediction error (MAPE): {s['stage_time_error']['mape_pct']:.1f}% over "
+            f"the run; per step " + " ".join(f"{v:.0f}%" for _, v in sorted(per.items())))
     lines.append(
         f"calibration: {s['calibration_samples']} samples, {s['efficiency_updates']} efficiency "
         f"updates of {len(s['efficiencies'])} (hardware, op class)"

@@ -210,6 +210,15 @@ class RunLogWriter:
             {"step": step, "hardware": hardware, "op_class": op_class, "efficiency": efficiency},
         )
 
+    def log_stage_time(self, step: int, model_stage: str, predicted_s: float,
+                       measured_s: float) -> None:
+        self._row("stage_times", {"step": step, "model_stage": model_stage,
+                                  "predicted_s": predicted_s, "measured_s": measured_s})
+
+    def log_fixed_cost(self, step: int, hardware: str, event: str, seconds: float) -> None:
+        self._row("fixed_costs", {"step": step, "hardware": hardware, "event": event,
+                                  "seconds": seconds})
+
     def log_replan(
         self,
         step: int,

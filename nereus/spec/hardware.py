@@ -74,10 +74,25 @@ class ClusterSpec:
     nodes: int
     gpus_per_node: int
     gpu: GpuSpec
+    # CPU ranks playing GPUs share the cores of their host(s): ``host_cores`` per host (0: every
+    # device computes on its own, as GPUs do), over ``hosts`` hosts, with ``busy_gpus`` ranks
+    # running at once (the pool; 0: every GPU of the cluster).
+    host_cores: int = 0
+    hosts: int = 1
+    busy_gpus: int = 0
 
     @property
     def num_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def contention(self) -> float:
+        """How many times slower a rank runs than alone on a core: ranks per host over its
+        cores, at least 1 (1 for devices of their own)."""
+        if self.host_cores <= 0:
+            return 1.0
+        busy = self.busy_gpus or self.num_gpus
+        return max(1.0, busy / max(1, self.hosts) / self.host_cores)
 
     def node_of(self, gpu_id: int) -> int:
         return gpu_id // self.gpus_per_node

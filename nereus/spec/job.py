@@ -36,6 +36,10 @@ class JobSpec:
     reward_model: bool = True
     actor_inf: bool = False
     controller: ControllerSpec = field(default_factory=ControllerSpec)
+    # The engines run each step's batch padded to its longest response (static batches, no
+    # sequence packing or continuous batching: nereus run's engines): time then follows the
+    # longest (p95) length, as memory does, instead of the mean.
+    static_batches: bool = False
 
     def model(self, role: str) -> ModelSpec:
         for r, m in self.models:

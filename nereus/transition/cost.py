@@ -1,17 +1,61 @@
 """L̂_tran: the transition DAG's critical path (DESIGN.md §2.3 item 3).
 
-A primitive takes its communicator setup (``GpuSpec.comm_setup_s`` per communicator group, created
-concurrently inside one primitive) plus the busiest GPU's transfer time: per GPU the larger of the
-bytes it sends and receives, each transfer over the intra-node link when both GPUs share a node and
-over the inter-node link otherwise.
+A primitive takes its communicator setup (per communicator group, created concurrently inside one
+primitive) plus the busiest GPU's transfer time: per GPU the larger of the bytes it sends and
+receives, each transfer over the intra-node link when both GPUs share a node and over the
+inter-node link otherwise; L̂_tran is the critical path of these. Building the units a primitive
+makes (their process groups, models and optimizers) does not overlap across primitives: a new
+process group is created by every rank of the job in the same order, so the builds add up
+(``unit-build`` per primitive that makes units). A transition also has a fixed cost of its own
+(the new plan's process groups, the ranks' agreement). Without a calibration: the preset's link bandwidths and set-up time, no build
+or fixed cost (:func:`rates`); with one, the figures fitted from measured transitions
+(``p2p-intra`` / ``p2p-inter`` efficiencies where measured, the ``comm-setup``, ``unit-build``
+and ``transition`` fixed costs: :mod:`nereus.cost.fit`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from nereus.cost.calibration import Calibration
 from nereus.emu.primitives import Destroy, Extend, Merge, Primitive, Split, shard_bytes
 from nereus.emu.regions import GROUPINGS, Flow, groupings_differ
-from nereus.spec.hardware import ClusterSpec
+from nereus.spec.hardware import ClusterSpec, OpClass
 from nereus.transition.dag import TransitionDag
+
+
+@dataclass(frozen=True)
+class TransitionRates:
+    """What a transition's primitives cost on a cluster: link bandwidths (bytes/s), the fixed
+    seconds of one primitive that makes units (communicator set-up + unit build), and of the
+    transition itself."""
+
+    gpus_per_node: int
+    intra_bps: float
+    inter_bps: float
+    setup_s: float  # one communicator group
+    build_s: float  # the units one primitive makes
+    fixed_s: float  # once per transition
+
+    @property
+    def primitive_s(self) -> float:
+        """Fixed seconds of a Split / Merge / Extend on the critical path (its communicator
+        group; the units' builds are added up apart: :func:`transition_cost_s`)."""
+        return self.setup_s
+
+
+def rates(cluster: ClusterSpec, calib: Calibration | None = None) -> TransitionRates:
+    """The cluster's transition rates, calibrated where ``calib`` measured them."""
+    gpu = cluster.gpu
+    intra, inter = gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
+    if calib is None:
+        return TransitionRates(cluster.gpus_per_node, intra, inter, gpu.comm_setup_s, 0.0, 0.0)
+    return TransitionRates(
+        cluster.gpus_per_node,
+        intra * calib.measured_efficiency(gpu, OpClass.P2P_INTRA, 1.0),
+        inter * calib.measured_efficiency(gpu, OpClass.P2P_INTER, 1.0),
+        calib.fixed_s(gpu, "comm-setup"), calib.fixed_s(gpu, "unit-build"),
+        calib.fixed_s(gpu, "transition"))
 
 # Shape of a Split or Merge: its layouts, grouping and bytes, with its GPUs renumbered in order of
 # first appearance and each GPU's node renumbered likewise. Two primitives of one shape move the
@@ -77,18 +121,21 @@ def _duration_s(p: Primitive, gpn: int, intra: float, inter: float, setup_s: flo
     return got
 
 
-def primitive_duration_s(p: Primitive, cluster: ClusterSpec) -> float:
-    gpu = cluster.gpu
-    return _duration_s(p, cluster.gpus_per_node, gpu.intra_node_gbps * 1e9,
-                       gpu.inter_node_gbps * 1e9, gpu.comm_setup_s, None)
+def primitive_duration_s(p: Primitive, cluster: ClusterSpec,
+                         calib: Calibration | None = None) -> float:
+    r = rates(cluster, calib)
+    return _duration_s(p, r.gpus_per_node, r.intra_bps, r.inter_bps, r.primitive_s, None)
 
 
-def durations_s(dag: TransitionDag, cluster: ClusterSpec) -> list[float]:
-    """Per primitive; primitives of one shape are timed once."""
-    gpu = cluster.gpu
-    gpn, intra, inter = cluster.gpus_per_node, gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
+def durations_s(dag: TransitionDag, cluster: ClusterSpec,
+                calib: Calibration | None = None) -> list[float]:
+    """Per primitive; primitives of one shape are timed once. (A primitive's fixed cost is its
+    communicator groups' set-up: one group for those that make units, which also build them —
+    ``primitive_s`` — none for a Destroy.)"""
+    r = rates(cluster, calib)
     cache: dict[Shape, float] = {}
-    return [_duration_s(p, gpn, intra, inter, gpu.comm_setup_s, cache) for p in dag.primitives]
+    return [_duration_s(p, r.gpus_per_node, r.intra_bps, r.inter_bps, r.primitive_s, cache)
+            for p in dag.primitives]
 
 
 def critical_path_s(dag: TransitionDag, durations: list[float]) -> float:
@@ -101,6 +148,52 @@ def critical_path_s(dag: TransitionDag, durations: list[float]) -> float:
     return max(finish, default=0.0)
 
 
-def transition_cost_s(dag: TransitionDag, cluster: ClusterSpec) -> float:
+def transition_cost_s(dag: TransitionDag, cluster: ClusterSpec,
+                      calib: Calibration | None = None) -> float:
     """L̂_tran in seconds: what admission weighs against the gain of the new plan."""
-    return critical_path_s(dag, durations_s(dag, cluster))
+    r = rates(cluster, calib)
+    builds = sum(not isinstance(p, Destroy) for p in dag.primitives)
+    return r.fixed_s + r.build_s * builds + critical_path_s(dag, durations_s(dag, cluster, calib))
+
+
+def critical_path(dag: TransitionDag, durations: list[float]) -> list[int]:
+    """The primitives of one longest path through the DAG, in order."""
+    preds = dag.preds
+    finish = [0.0] * len(dag.primitives)
+    via = [-1] * len(dag.primitives)
+    for i in dag.order:
+        pi = preds[i]
+        if pi:
+            j = max(pi, key=lambda k: finish[k])
+            finish[i], via[i] = finish[j] + durations[i], j
+        else:
+            finish[i] = durations[i]
+    if not finish:
+        return []
+    path = [max(range(len(finish)), key=lambda k: finish[k])]
+    while via[path[-1]] >= 0:
+        path.append(via[path[-1]])
+    return path[::-1]
+
+
+def path_features(dag: TransitionDag, cluster: ClusterSpec, calib: Calibration | None = None
+                  ) -> tuple[dict[str, float], dict[str, float]]:
+    """What L̂_tran is made of, for fitting it to a measured transition (:mod:`nereus.cost.fit`):
+    (seconds of transfers at the links' nominal bandwidth per op class — ``p2p-intra`` /
+    ``p2p-inter``, by whether the primitive's flows cross nodes — and ``comm-setup`` per
+    primitive along the critical path under ``calib``; ``unit-build`` per primitive that makes
+    units in the whole DAG; one ``transition``)."""
+    nominal = rates(cluster, None)
+    ideal = {OpClass.P2P_INTRA.value: 0.0, OpClass.P2P_INTER.value: 0.0}
+    counts = {"comm-setup": 0.0, "transition": 1.0,
+              "unit-build": float(sum(not isinstance(p, Destroy) for p in dag.primitives))}
+    gpn = cluster.gpus_per_node
+    for i in critical_path(dag, durations_s(dag, cluster, calib)):
+        p = dag.primitives[i]
+        if isinstance(p, Destroy):
+            continue
+        counts["comm-setup"] += p.comm_groups
+        cross = any(a // gpn != b // gpn for a, b, _ in p.flows)
+        transfer = _duration_s(p, gpn, nominal.intra_bps, nominal.inter_bps, 0.0, None)
+        ideal[(OpClass.P2P_INTER if cross else OpClass.P2P_INTRA).value] += transfer
+    return ideal, counts

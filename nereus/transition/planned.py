@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from nereus.cost.calibration import Calibration
 from nereus.emu.primitives import StateSizer, model_replicated_sizer, model_state_sizer
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import TransitionError
@@ -25,9 +26,10 @@ from nereus.spec.hardware import ClusterSpec
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.batched.assemble import BatchedDag, expand
+from nereus.transition.batched.blocks import DESTROY
 from nereus.transition.batched.cost import durations
 from nereus.transition.batched.plan import batched_plans, batched_units
-from nereus.transition.cost import transition_cost_s
+from nereus.transition.cost import rates, transition_cost_s
 from nereus.transition.dag import TransitionDag
 from nereus.transition.graph import longest_path
 from nereus.transition.reference.compile import compile_transition
@@ -76,13 +78,14 @@ class PlannedTransition:
 
 
 def _planned(batched: BatchedDag | None, reference: TransitionDag | None,
-             cluster: ClusterSpec) -> PlannedTransition:
+             cluster: ClusterSpec, calib: Calibration | None) -> PlannedTransition:
     if batched is not None:
-        return PlannedTransition(longest_path(batched.topo,
-                                              durations(batched.blocks, batched.n, cluster)),
-                                 batched=batched)
+        path_s = longest_path(batched.topo, durations(batched.blocks, batched.n, cluster, calib))
+        r = rates(cluster, calib)
+        builds = sum(blk.rows.shape[0] for _, blk, _, _ in batched.blocks if blk.kind != DESTROY)
+        return PlannedTransition(r.fixed_s + r.build_s * builds + path_s, batched=batched)
     assert reference is not None
-    return PlannedTransition(transition_cost_s(reference, cluster), reference=reference)
+    return PlannedTransition(transition_cost_s(reference, cluster, calib), reference=reference)
 
 
 def plan_units(
@@ -97,6 +100,7 @@ def plan_units(
     spare_gpus: Sequence[int] = (),
     conflicts: ConflictSpec = None,
     replicated: StateSizer | None = None,
+    calib: Calibration | None = None,
 ) -> PlannedTransition:
     """The transition from the EMU collection ``source`` to ``target`` (arguments of
     :func:`nereus.transition.reference.compile.compile_transition`, same DAG, same errors)."""
@@ -105,9 +109,9 @@ def plan_units(
           "replicated": replicated}
     got = batched_units(source, target, sizer, **kw)  # type: ignore[arg-type]
     if got is not None:
-        return _planned(got, None, cluster)
+        return _planned(got, None, cluster, calib)
     return _planned(None, compile_transition(source, target, sizer, **kw),  # type: ignore[arg-type]
-                    cluster)
+                    cluster, calib)
 
 
 def plan_plans(
@@ -124,6 +128,7 @@ def plan_plans(
     conflicts: ConflictSpec = None,
     replicated: StateSizer | None = None,
     alive: Collection[int] | None = None,
+    calib: Calibration | None = None,
 ) -> PlannedTransition:
     """:func:`plan_units` from the units of ``current`` (those whose GPUs are all in ``alive``,
     when given) to the units of ``target``, read straight from the plans' replica tuples."""
@@ -132,7 +137,7 @@ def plan_plans(
                         spare_gpus=spare_gpus, conflicts=conflicts, replicated=replicated,
                         alive=alive)
     if got is not None:
-        return _planned(got, None, cluster)
+        return _planned(got, None, cluster, calib)
     st = dict(states)
     units = emus_of_plan(current, st)
     if alive is not None:
@@ -141,7 +146,7 @@ def plan_plans(
     return _planned(None, compile_transition(
         units, emus_of_plan(target, st), sizer, capacity_bytes=capacity_bytes,
         reserved_bytes=reserved_bytes, stage_rank=stage_rank, spare_gpus=spare_gpus,
-        conflicts=conflicts, replicated=replicated), cluster)
+        conflicts=conflicts, replicated=replicated), cluster, calib)
 
 
 def stage_states(setup: Setup) -> dict[str, str]:
@@ -151,9 +156,11 @@ def stage_states(setup: Setup) -> dict[str, str]:
 
 
 def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
-                    pool: Sequence[int] | None = None) -> PlannedTransition:
+                    pool: Sequence[int] | None = None,
+                    calib: Calibration | None = None) -> PlannedTransition:
     """The transition from the units of ``current`` that survive on ``pool`` (all of them when
-    None) to the units of ``target``, with L̂_tran on ``setup.cluster``.
+    None) to the units of ``target``, with L̂_tran on ``setup.cluster`` (under ``calib``: the
+    transition rates measured so far, :func:`nereus.transition.cost.rates`).
 
     Raises TransitionError when no DAG exists — including when every replica of some
     model-stage was lost (its state must come from a checkpoint)."""
@@ -169,4 +176,4 @@ def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
         raise TransitionError(f"every replica of {', '.join(lost)} was lost")
     return plan_plans(current, target, stage_states(setup), sizer, setup.cluster,
                       capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
-                      replicated=replicated, alive=alive)
+                      replicated=replicated, alive=alive, calib=calib)

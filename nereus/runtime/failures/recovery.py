@@ -339,6 +339,8 @@ class FailureHandler:
         rows = [r for r in rows if r["step"] < res.step]
         ctl = RankZeroController(res.setup, old.adapt, static=old.static)
         ctl.calib, ctl.layouts = old.calib, old.layouts
+        ctl.fit_samples = list(getattr(old, "fit_samples", []))
+        ctl.transition_samples = list(getattr(old, "transition_samples", []))
         ctl.set_pool([renumber[g] for g in old.pool if g in renumber])
         last = rows[-1] if rows else None
         job = res.setup.job

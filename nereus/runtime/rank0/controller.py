@@ -21,6 +21,7 @@ from nereus.control.controller import ControllerState, Decision, PlanEvaluation,
 from nereus.control.planner_port import SearchPort
 from nereus.control.signals import Observation
 from nereus.cost.calibration import default_calibration
+from nereus.cost.fit import Sample
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError, InfeasiblePlanError, TransitionError
@@ -108,8 +109,9 @@ class CpuPort:
             return planned
         key = (current, target, self.base.pool)
         self.compilations[key] = self.compilations.get(key, 0) + 1
-        try:
-            return plan_transition(self.base.setup, current, target, self.base.pool)
+        try:  # L̂_tran at the transition rates this run measured (nereus.transition.cost.rates)
+            return plan_transition(self.base.setup, current, target, self.base.pool,
+                                   self.base.calib)
         except (TransitionError, InfeasiblePlanError) as e:
             return PlannedTransition.restart(
                 restart_in_process_s(self.base.setup, current, target), str(e))
@@ -135,6 +137,9 @@ class RankZeroController:
         # transitions planned since the last boundary began (see CpuPort.compilations)
         self.compilations: dict[tuple[ExecutionPlan, ExecutionPlan, tuple[int, ...] | None],
                                 int] = {}
+        # the calibration's window of measured samples (nereus.runtime.rank0.loop: calibrate)
+        self.fit_samples: list[Sample] = []
+        self.transition_samples: list[Sample] = []
 
     def port(self) -> CpuPort:
         return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts),

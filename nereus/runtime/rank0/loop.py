@@ -26,12 +26,25 @@ from nereus.config.run import Event, RunConfig
 from nereus.control.controller import Decision
 from nereus.control.planner_port import setup_for
 from nereus.control.signals import Observation
+from nereus.cost.fit import Sample, fit
+from nereus.cost.latency import stage_latency
 from nereus.cost.memory import gpu_memory
+from nereus.cost.overhead import STEP_EVENTS, step_event_counts
+from nereus.cost.stage_calibration import stage_sample
+from nereus.cost.workload import stage_context
 from nereus.runtime.rank0.controller import RankZeroController
 from nereus.runtime.rank0.recorder import RunRecorder
+from nereus.spec.hardware import OpClass
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition import PlannedTransition
+from nereus.transition.cost import path_features, rates
 from nereus.transition.order import PlanChangeOrder
+
+# Samples the fit keeps: the most recent stage times (a few steps of every model-stage) and
+# transitions.
+STAGE_WINDOW = 48
+TRANSITION_WINDOW = 12
+FIT_EVENTS = (*STEP_EVENTS, "comm-setup", "unit-build", "transition")
 
 
 @dataclass(frozen=True)
@@ -52,10 +65,16 @@ class Observed:
 
 @dataclass(frozen=True)
 class Calibrated:
-    """What the boundary's OOMs changed: events to log and a console line."""
+    """What the boundary's measurements changed: the stage times against their prediction, the
+    op-level samples derived from them, the refitted efficiencies and fixed costs; the OOMs'
+    events and a console line."""
 
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     say: str = ""
+    stage_times: list[tuple[str, float, float]] = field(default_factory=list)  # name, pred, meas
+    samples: list[tuple[str, float, float]] = field(default_factory=list)  # class, ideal, meas
+    efficiencies: dict[str, float] = field(default_factory=dict)
+    fixed_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,13 +146,81 @@ class RankZero:
     # -- 2. calibrate ------------------------------------------------------------------------
 
     def calibrate(self, seen: Observed, plan: ExecutionPlan) -> Calibrated:
+        """Fold the step's measured stage times (and transitions measured since the last
+        boundary) into the cost model, and its OOMs into the memory model."""
+        events, say = self._memory(seen, plan)
+        times = self._times(seen, plan)
+        return replace(times, events=events, say=say)
+
+    def _times(self, seen: Observed, plan: ExecutionPlan) -> Calibrated:
+        """Each model-stage's measured time becomes a sample of the cost model's parameters
+        (op-class efficiencies, fixed costs per event); the window of recent samples —
+        transitions included — is refitted (:func:`nereus.cost.fit.fit`), and the next replan
+        plans with the result."""
+        ctl = self.ctl
+        ran_on = tuple(sorted({g for sp in plan.stages for g in sp.gpus}))  # the ranks busy
+        s = setup_for(ctl.setup, Observation(seen.step, seen.r0["len_mean"], seen.r0["len_p95"],
+                                             ran_on))
+        gpu, wf, gpn = s.cluster.gpu, s.job.workflow, s.cluster.gpus_per_node
+        before = ctl.calib
+        stage_times: list[tuple[str, float, float]] = []
+        logged: list[tuple[str, float, float]] = []
+        new: list[Sample] = []
+        for sp in plan.stages:
+            measured = seen.stage_s.get(sp.name, 0.0)
+            if not measured > 0:
+                continue
+            ms = wf.by_name(sp.name)
+            lat = stage_latency(s, ms, sp.candidate, before)
+            counts = step_event_counts(stage_context(s, ms), sp.candidate)
+            sample = stage_sample(lat, counts, measured, gpu, before,
+                                  inter_node=sp.dp * sp.tp * sp.pp > gpn,
+                                  contention=s.cluster.contention)
+            new.append(sample)
+            stage_times.append((sp.name, lat.total_s, measured))
+            share = measured / lat.total_s if lat.total_s > 0 else 0.0
+            for op_value, ideal in sample.ideal:  # the measured time, by predicted share
+                inv = 1.0 / before.efficiency(gpu, OpClass(op_value))
+                logged.append((op_value, ideal, ideal * inv * share))
+        ctl.fit_samples = (ctl.fit_samples + new)[-STAGE_WINDOW:]
+        window = ctl.fit_samples + ctl.transition_samples
+        inverse = {op.value: 1.0 / before.efficiency(gpu, op) for op in OpClass}
+        fixed = {k: before.fixed_s(gpu, k) for k in FIT_EVENTS}
+        x_inv, x_fixed = fit(window, inverse, fixed)
+        effs = {k: 1.0 / v for k, v in x_inv.items()}
+        ctl.calib = before.with_fit(gpu, effs, x_fixed)
+        return Calibrated(stage_times=stage_times, samples=logged,
+                          efficiencies={k: ctl.calib.efficiency(gpu, OpClass(k)) for k in effs},
+                          fixed_s={k: ctl.calib.fixed_s(gpu, k) for k in x_fixed})
+
+    def transition_done(self, order: PlanChangeOrder, measured_s: float, executor: str,
+                        moved_bytes: int) -> None:
+        """A plan change ran in ``measured_s``: a sample of the transition rates
+        (:func:`nereus.transition.cost.path_features`), fitted at the next boundary."""
+        ctl = self.ctl
+        if not measured_s > 0:
+            return
+        cluster = ctl.setup.cluster
+        if executor == "dag" and order.dag is not None:
+            ideal, counts = path_features(order.dag, cluster, ctl.calib)
+        else:  # gathered and reloaded: the state twice over the inter-node link, every unit
+            units = float(sum(sp.dp for sp in order.target.stages))
+            nominal = rates(cluster, None)
+            ideal = {OpClass.P2P_INTER.value: 2.0 * moved_bytes / nominal.inter_bps}
+            counts = {"comm-setup": units, "unit-build": units, "transition": 1.0}
+        ctl.transition_samples = (ctl.transition_samples + [Sample(
+            tuple(sorted(ideal.items())), tuple(sorted(counts.items())), measured_s,
+            "transition")])[-TRANSITION_WINDOW:]
+
+    def _memory(self, seen: Observed, plan: ExecutionPlan
+                ) -> tuple[list[tuple[str, dict[str, Any]]], str]:
         """Ranks went over their capacity: give the controller the capacity the devices report
         (when it fell), and where the memory model predicted less than was measured, scale that
         model-stage's estimate up — the controller then finds the current plan infeasible and
         takes the urgent path."""
         ooms = seen.ooms
         if not ooms:
-            return Calibrated()
+            return [], ""
         ctl = self.ctl
         events: list[tuple[str, dict[str, Any]]] = [("oom", e) for e in ooms]
         cap = min(int(e["capacity_bytes"]) for e in ooms)
@@ -156,10 +243,10 @@ class RankZero:
             # the sample is the prediction before the factor
             ctl.calib = ctl.calib.with_memory_sample(name, before, peak, 1.0)
         worst = max(ooms, key=lambda e: e["peak_bytes"] - e["capacity_bytes"])
-        return Calibrated(events, (
+        return events, (
             f"  OOM in step {seen.step + 1} on {len({e['global_rank'] for e in ooms})} rank(s), "
             f"e.g. rank {worst['global_rank']} in {worst['model_stage']}: "
-            f"{worst['peak_bytes'] / 1e6:.1f} MB > {worst['capacity_bytes'] / 1e6:.1f} MB"))
+            f"{worst['peak_bytes'] / 1e6:.1f} MB > {worst['capacity_bytes'] / 1e6:.1f} MB")
 
     # -- 3. decide ---------------------------------------------------------------------------
 
@@ -206,6 +293,8 @@ class RankZero:
         rec, step = self.recorder, seen.step
         rec.step(step, step_s=seen.step_s, stage_s=seen.stage_s, peaks=seen.peaks,
                  pool_gpus=len(seen.pool_before), r0=seen.r0, plan=plan)
+        rec.calibration(step, self.ctl.setup.cluster.gpu.name, calibrated.stage_times,
+                        calibrated.samples, calibrated.efficiencies, calibrated.fixed_s)
         for kind, payload in [*seen.events, *calibrated.events, *decided.events]:
             rec.event(step, kind, payload)
         if decided.decision is not None and decided.decision.replanned:

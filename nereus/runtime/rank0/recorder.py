@@ -65,6 +65,20 @@ class RunRecorder:
                           "step_s": step_s, "plan": plan_label(plan), "losses": r0["losses"],
                           "kl": r0["kl"], "tokens": r0["tokens"]})
 
+    def calibration(self, step: int, hardware: str, stage_times: list[tuple[str, float, float]],
+                    samples: list[tuple[str, float, float]], efficiencies: dict[str, float],
+                    fixed_s: dict[str, float]) -> None:
+        """The step's stage times against their prediction, the samples the calibration took
+        from them, and the efficiencies and fixed costs it then holds."""
+        for name, predicted, measured in stage_times:
+            self.log.log_stage_time(step, name, predicted, measured)
+        for op_class, ideal, measured in samples:
+            self.log.log_calibration_sample(step, hardware, op_class, ideal, measured)
+        for op_class, eff in sorted(efficiencies.items()):
+            self.log.log_efficiency(step, hardware, op_class, eff)
+        for event, seconds in sorted(fixed_s.items()):
+            self.log.log_fixed_cost(step, hardware, event, seconds)
+
     def decision(self, step: int, d: Decision) -> None:
         """A replan and its admission."""
         dd = decision_dict(d)

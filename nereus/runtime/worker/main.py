@@ -37,6 +37,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int)
     p.add_argument("--steps", type=int)
     p.add_argument("--summary-json", default="")
+    p.add_argument("--host-cores", type=int, default=0,
+                   help="cores the ranks share on this host (set by nereus run's local launch)")
     return p.parse_args(argv)
 
 
@@ -176,7 +178,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     def setup_all() -> Any:
         cfg = load_config(args.config)
         rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
-                                  steps=args.steps)
+                                  steps=args.steps, host_cores=args.host_cores)
         require_vllm(rc.generation)
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
@@ -293,7 +295,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         ft.due(step, "transition")
         measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
         if plane.is_root:
-            assert recorder is not None
+            assert recorder is not None and rank_zero is not None
+            rank_zero.transition_done(order, measured, change.executor, change.bytes_moved)
             recorder.transition(step, {"kind": order.kind, "predicted_s": order.predicted_s},
                                 order.target, measured, change.bytes_moved, change.lost,
                                 executor=change.executor, primitives=change.primitives,

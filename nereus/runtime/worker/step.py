@@ -130,7 +130,13 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         tokens[lo:hi], logp[lo:hi], mask[lo:hi] = (torch.from_numpy(a) for a in (tk, lp, mk))
         if gr is not None:
             greedy_tokens[lo:hi] = torch.from_numpy(gr)
-    return Rollout(step, texts, tokens, greedy_tokens, logp, mask)
+    # The batch ends where its longest response ends (sampled or greedy): inference and training
+    # run on that many tokens, not on max_new_tokens of padding (PAD and zero masks beyond).
+    used = (mask.sum(dim=0) > 0) | (greedy_tokens[:, p_len:] != PAD).any(dim=0)
+    width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
+    return Rollout(step, texts, tokens[:, :p_len + width].contiguous(),
+                   greedy_tokens[:, :p_len + width].contiguous(),
+                   logp[:, :width].contiguous(), mask[:, :width].contiguous())
 
 
 def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -170,7 +176,7 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     """Inference, rewards, advantages, training on ``rollout``, then the weight sync."""
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
-    p_len, t_new = job.prompt_len, rc.max_new_tokens
+    p_len, t_new = job.prompt_len, rollout.mask.shape[1]  # the batch's longest response
     texts, tokens, greedy_tokens = rollout.texts, rollout.tokens, rollout.greedy_tokens
     logp, mask = rollout.logp, rollout.mask
 

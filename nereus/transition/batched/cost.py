@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from nereus.cost.calibration import Calibration
 from nereus.emu.primitives import Merge, Split, shard_bytes
 from nereus.emu.regions import groupings_differ, sub_units
 from nereus.emu.unit import Emu, Layout
@@ -26,6 +27,7 @@ from nereus.transition.batched.blocks import (
     row_all,
     row_any,
 )
+from nereus.transition.cost import rates
 
 _GROUPING = ("interleaved", "contiguous")
 
@@ -120,12 +122,11 @@ def block_durations(blk: Block, state_bytes: int, rep: int, gpn: int, intra: flo
                                              nodes.compress(spread, axis=0), intra, inter)
 
 
-def durations(blocks: Sequence[tuple[int, Block, int, int]], n: int, cluster: ClusterSpec
-              ) -> np.ndarray:
+def durations(blocks: Sequence[tuple[int, Block, int, int]], n: int, cluster: ClusterSpec,
+              calib: Calibration | None = None) -> np.ndarray:
     """Seconds per primitive; ``blocks`` holds (offset, block, state bytes, replicated bytes)."""
-    gpu = cluster.gpu
-    gpn, intra, inter = cluster.gpus_per_node, gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
-    setup_s = gpu.comm_setup_s
+    r = rates(cluster, calib)
+    gpn, intra, inter, setup_s = r.gpus_per_node, r.intra_bps, r.inter_bps, r.primitive_s
     out = np.zeros(n)
     for off, blk, sb, rep in blocks:
         if blk.kind != DESTROY:
