@@ -78,6 +78,48 @@ def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_readme_main_job_as_written(tmp_path: Path) -> None:
+    """``nereus run examples/ppo-tiny-cpu.yaml`` exactly as the README runs it: 8 ranks, 8
+    steps, node 1 leaving after step 4 and coming back after step 6, responses growing. Every
+    step runs and is logged; the plan changes (the growth makes the trainers' plan infeasible,
+    the node's departure shrinks DP, its return grows it back) run as transition DAGs or, where
+    every replica of a model-stage left, gather-and-reload; each was planned once; the task is
+    learned; every step calibrates the cost model."""
+    log = tmp_path / "readme.h5"
+    res = nereus("run", "examples/ppo-tiny-cpu.yaml", "--log", str(log), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 8 and len(summary["rewards"]) == 8
+    rewards = summary["rewards"]
+    assert rewards[-1] > 3 * rewards[0], rewards  # seed 0: 0.44 → 3.39
+    from nereus.log.reader import read_run_log
+
+    run = read_run_log(log)
+    assert run.closed and list(run.steps["step"]) == list(range(8))
+    kinds = list(run.events["kind"])
+    pools = [d["pool"] for k, d in zip(kinds, run.events["detail"], strict=True)
+             if k == "gpu-pool-change"]
+    assert [len(p) for p in pools] == [4, 8], pools
+    tr = run.tables["transitions"]
+    detail = list(tr["dag"])
+    assert len(detail) >= 2, detail
+    assert {d["executor"] for d in detail} <= {"dag", "gather-reload"}
+    assert any(d["executor"] == "dag" for d in detail)
+    assert all(d["compilations"] == 1 for d in detail), detail
+    assert all(d["kind"] in ("urgent", "opportunistic") for d in detail)
+    # the step after the node left runs on 4 ranks, the last ones on 8 again
+    assert run.steps["pool_gpus"][4] == 4 and run.steps["pool_gpus"][7] == 8
+    # the closed loop: stage times against predictions and refitted parameters at every step
+    st = run.tables["stage_times"]
+    assert set(st["step"].tolist()) == set(range(8))
+    assert set(run.tables["fixed_costs"]["step"].tolist()) == set(range(8))
+    # transitions predicted from the rates measured so far: the right order of magnitude
+    ratio = np.asarray(tr["measured_s"]) / np.asarray(tr["predicted_s"])
+    assert np.all((ratio > 0.2) & (ratio < 5.0)), ratio
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # five runs of 4 ranks: ~3 min on 2 idle cores, more when shared
 def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: Path) -> None:
     """Baseline: 2 nodes x 2 ranks, the initial plan kept. Forced: a TP change of actor-gen after
