@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pack_cases import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support (run as a script)
+from support.pack_cases import (
     check_pack,
     check_roundtrip,
     check_unpack,

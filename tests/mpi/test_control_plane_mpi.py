@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.mpi
+from support.paths import SUPPORT
 
 MPIEXEC = shutil.which("mpiexec")
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "mpi" / "control_plane_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = SUPPORT / "control_plane_worker.py"
 OMPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
 
 

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.mpi
+from support.paths import SUPPORT
 
 MPIEXEC = shutil.which("mpiexec")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OMPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl",
               "tcp,self"]
 
@@ -23,7 +22,7 @@ OMPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "
 def test_two_ranks_grow_to_four_and_share_one_group() -> None:
     assert MPIEXEC is not None
     cmd = [MPIEXEC, *OMPI_FLAGS, "-n", "2", sys.executable,
-           str(ROOT / "tests" / "mpi" / "growth_worker.py")]
+           str(SUPPORT / "growth_worker.py")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

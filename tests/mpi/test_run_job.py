@@ -8,36 +8,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from support.run_jobs import SMALL, nereus, write_job
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpiexec") is None,
-                                                  reason="needs mpiexec (the mpi extra)")]
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None,
+                                reason="needs mpiexec (the mpi extra)")
 ADAM_LR = 1e-3  # runtime.lr default
-SMALL = """
-job: {algorithm: ppo, mode: sync, global_batch: 8, minibatches: 2, prompt_len: 8, gen_len: 16,
-      reward_model: true}
-models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt, reward: tiny-gpt}
-cluster: {nodes: 4, gpus_per_node: 1, gpu: cpu, memory_per_gpu_gb: 0.5}
-"""
-
-
-def nereus(*args: str, timeout_s: float = 400.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nereus", *args], capture_output=True,
-                          text=True, timeout=timeout_s, cwd=ROOT)
-
-
-def _write(tmp: Path, name: str, runtime: str) -> Path:
-    p = tmp / name
-    p.write_text(SMALL + "runtime: " + runtime + "\n")
-    return p
 
 
 def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> None:
@@ -159,36 +140,8 @@ def _assert_async_is_one_step_off_policy(sync: dict[str, Any], asyn: dict[str, A
                for k, v in sync["losses"][1].items()), (sync["losses"][1], asyn["losses"][1])
 
 
-def test_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
-    cfg = _write(tmp_path, "bad.yaml", "{steps: 0}")
-    t0 = time.monotonic()
-    res = nereus("run", str(cfg), "--log", str(tmp_path / "x.h5"), timeout_s=120)
-    assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "runtime.steps" in lines[0], res.stderr
-    assert not (tmp_path / "x.h5").exists()
-    assert time.monotonic() - t0 < 60
-
-
-def test_unknown_runtime_key_and_bad_event(tmp_path: Path) -> None:
-    for runtime, field in (("{stepz: 3}", "runtime"),
-                           ("{events: [{at_step: 1, remove_node: 9}]}", "remove_node")):
-        res = nereus("run", str(_write(tmp_path, "b.yaml", runtime)), timeout_s=120)
-        assert res.returncode == 2, res.stderr
-        assert len(res.stderr.strip().splitlines()) == 1 and field in res.stderr
-
-
-def test_infeasible_plan_is_one_line_exit_3(tmp_path: Path) -> None:
-    cfg = tmp_path / "tiny-mem.yaml"
-    cfg.write_text(SMALL.replace("memory_per_gpu_gb: 0.5", "memory_per_gpu_gb: 0.001"))
-    res = nereus("run", str(cfg), timeout_s=120)
-    assert res.returncode == 3, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("nereus: infeasible:"), res.stderr
-
-
 def test_rank_failing_at_start_ends_every_rank_with_one_error(tmp_path: Path) -> None:
-    cfg = _write(tmp_path, "fail.yaml", "{steps: 2, inject_failure: {rank: 2, at_step: -1}}")
+    cfg = write_job(tmp_path, "fail.yaml", "{steps: 2, inject_failure: {rank: 2, at_step: -1}}")
     t0 = time.monotonic()
     res = nereus("run", str(cfg), "--log", str(tmp_path / "f.h5"), "--timeout-s", "240",
                  timeout_s=300)

@@ -1,4 +1,5 @@
-"""Tier 1 (no MPI job): what ``nereus run`` does when mpiexec itself dies.
+"""No MPI job: what ``nereus run`` does when mpiexec itself dies (mpi tier: ``nereus run`` checks
+``mpiexec --version`` before it launches).
 
 The launch is replaced here (a real PRRTE cannot be made to lose a daemon on demand); the
 decisions around it are ``nereus run``'s own: a runtime that died before any rank wrote the run
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.mpiexec_output import LOST
 
 from nereus.cli import build_parser
 from nereus.commands import run as run_cmd
@@ -21,39 +23,11 @@ from nereus.runtime.failures.relaunch import mpiexec_reason
 
 pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None,
                                 reason="nereus run checks for mpiexec before launching")
-LOST = """[n1:01234] PRTE ERROR: Unreachable in file plm_base_launch_support.c
---------------------------------------------------------------------------
-PRTE has lost communication with a remote daemon.
-
-  HNP daemon   : [prterun-n1-4321@0,0] on node n1
-  Remote daemon: [prterun-n1-4321@0,1] on node n2
-
-This is usually due to either a failure of the TCP network
-connection to the node, or possibly an internal failure of
-the daemon itself. We cannot recover from this failure, and
-therefore will terminate the job.
---------------------------------------------------------------------------
-"""
-KILLED = """--------------------------------------------------------------------------
-prterun noticed that process rank 2 with PID 0 on node n3 exited on
-signal 9 (Killed).
---------------------------------------------------------------------------
-"""
 JOB = """job: {algorithm: ppo, mode: sync, global_batch: 12, minibatches: 2, prompt_len: 8,
       gen_len: 16, reward_model: false}
 models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt}
 cluster: {nodes: 2, gpus_per_node: 1, gpu: cpu, memory_per_gpu_gb: 0.5}
 """
-
-
-def test_mpiexec_reason_is_the_first_paragraph_of_its_last_box() -> None:
-    assert mpiexec_reason(LOST.splitlines()) == ("PRTE has lost communication with a remote "
-                                                 "daemon.")
-    assert mpiexec_reason((LOST + KILLED).splitlines()) == (
-        "prterun noticed that process rank 2 with PID 0 on node n3 exited on signal 9 "
-        "(Killed).")
-    assert mpiexec_reason(["warming up", "bind: address in use"]) == "bind: address in use"
-    assert mpiexec_reason([]) == ""
 
 
 def _args(tmp: Path, runtime: str) -> argparse.Namespace:
@@ -122,16 +96,6 @@ def test_without_a_retry_left_the_error_says_what_mpiexec_said(
     assert len(logs) == 2
     assert str(err.value) == ("rank failure: mpiexec exited with status 213 (PRTE has lost "
                               "communication with a remote daemon.)")
-
-
-def test_launch_retries_is_checked(tmp_path: Path) -> None:
-    from nereus.config.failures import parse_failures
-    from nereus.errors import ConfigError
-
-    with pytest.raises(ConfigError) as err:
-        parse_failures({"launch_retries": -1}, nodes=2, steps=1)
-    assert "runtime.failures.launch_retries" in str(err.value)
-    assert parse_failures(None, nodes=2, steps=1).launch_retries == 2
 
 
 SHRUNK = ("rank 2: RankFailure: the survivors could not shrink the MPI communicator: "

@@ -14,7 +14,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PURE = ("spec", "config", "cost", "plan", "emu", "transition", "control")
 # The stated exceptions: the config loader parses YAML (DESIGN.md §5: "YAML loading and
 # validation ... pure + file read"); the exact references (an off-the-shelf MILP for plan search

@@ -23,7 +23,7 @@ from nereus.spec.hardware import (
     OpClass,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "nereus" / "spec" / "data" / "h200_op_efficiency.json"
+DATA = Path(__file__).resolve().parents[2] / "nereus" / "spec" / "data" / "h200_op_efficiency.json"
 OPS = list(OpClass)
 
 

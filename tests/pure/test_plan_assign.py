@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
+from support.plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
 
 from nereus.errors import InfeasiblePlanError
 from nereus.plan.assign import assign, node_loss_survivors, placement_errors

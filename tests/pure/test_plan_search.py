@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
+from support.plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
 
 from nereus.cost.memory import gpu_memory, memory_capacity_bytes
 from nereus.errors import ConfigError, InfeasiblePlanError

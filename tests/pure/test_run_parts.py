@@ -1,10 +1,9 @@
-"""Parts of ``nereus run`` that need no MPI job: the runtime section, memory accounting, PPO
-normalization, and KV-cache generation on Megatron-core (one gloo process, in a subprocess)."""
+"""Parts of ``nereus run`` that need no MPI job, in this process: the runtime section, memory
+accounting, PPO normalization (KV-cache generation and the missing-mpiexec error, in child
+processes: ranks/test_run_parts_procs.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from nereus.rl.losses import policy_loss as masked_policy_loss
 from nereus.rl.ppo import policy_loss_sum, ppo_batch, token_rewards
 from nereus.runtime.worker.memory import MemoryAccount, module_state_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "ppo-tiny-cpu.yaml")
 
 
@@ -119,49 +118,3 @@ def test_ppo_rewards_put_the_score_on_the_last_response_token() -> None:
     assert r.tolist() == [[0.0, 0.5, 0.0], [0.0, 0.0, 1.0]]
     b = ppo_batch(torch.tensor([0.5, 1.0], dtype=torch.float64), zero, zero, zero, mask, 0.1, 1.0)
     assert float((b.returns * mask).sum()) == pytest.approx(0.5 * 2 + 1.0 * 3)
-
-
-GEN_SCRIPT = r"""
-import torch, torch.distributed as dist, numpy as np, sys
-torch.set_num_threads(1)
-from nereus.runtime.mpi.rendezvous import free_port
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-from nereus.emu.unit import Emu, Layout
-from nereus.runtime.execution.groups import unit_groups
-from nereus.runtime.worker.state import new_unit_state
-from nereus.spec.model import TINY_GPT
-from nereus.engines.generation import enable_kv_cache, generate, sample_uniforms
-from nereus.engines.forward import logits_of, response_logp
-emu = Emu("actor-gen", "actor-gen", Layout(1, 1), (0,))
-g = unit_groups(emu, 0, 30)
-st = new_unit_state(TINY_GPT, emu, 0, g, seed=3)
-enable_kv_cache(st.model, g.tp)
-prompts = torch.tensor([[0, 97, 98, 58], [99, 100, 101, 58]])
-out = generate(st.model, g.tp, prompts, sample_uniforms(0, 0, np.array([0, 1]), 12), 12)
-again = generate(st.model, g.tp, prompts, sample_uniforms(0, 0, np.array([0, 1]), 12), 12)
-with torch.no_grad():
-    full = response_logp(logits_of(st.model, out.tokens), out.tokens, 4)
-diff = float(((full - out.logp) * out.mask).abs().max())
-assert torch.equal(out.tokens, again.tokens), "sampling is not reproducible"
-assert out.kv_cache_bytes > 0
-print("DIFF", diff)
-"""
-
-
-def test_kv_cache_generation_matches_a_full_forward() -> None:
-    res = subprocess.run([sys.executable, "-c", GEN_SCRIPT], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-2000:]
-    diff = float(res.stdout.split("DIFF")[1])
-    assert diff < 1e-5  # decode with the cache vs one full forward: same log-probs (fp32)
-
-
-def test_missing_mpiexec_is_one_line_and_no_log(tmp_path: Path) -> None:
-    log = tmp_path / "x.h5"
-    res = subprocess.run([sys.executable, "-m", "nereus", "run", EXAMPLE, "--ranks", "4",
-                          "--log", str(log)], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT, env={"PATH": str(tmp_path), "HOME": str(tmp_path)})
-    assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "mpiexec not found" in lines[0], res.stderr
-    assert not log.exists()

@@ -16,7 +16,7 @@ from nereus.sim.traces import (
     write_length_trace,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
 SPOT = DATA / "spot-traces" / "availability-16node"
 needs_data = pytest.mark.skipif(not SPOT.is_dir(), reason="data/traces missing")
 

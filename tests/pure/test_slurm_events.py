@@ -81,7 +81,7 @@ def test_rank_zero_turns_a_lost_node_into_a_remove_node_event_and_a_smaller_pool
     from nereus.runtime.rank0.controller import RankZeroController
     from nereus.runtime.rank0.loop import RankZero
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "ppo-tiny-cpu.yaml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "ppo-tiny-cpu.yaml"
     cfg = load_config(str(example))
     rc, setup = parse_runtime({**cfg.section("runtime"), "events": []}, cfg.setup, ranks=8)
     ctl = RankZeroController(setup, adapt=True)

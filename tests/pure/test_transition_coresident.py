@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from coresident_cases import coresident_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.coresident_cases import bytes_now, coresident_case, run_schedule
 
-from nereus.emu.primitives import Extend, consumed, shard_bytes
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import TransitionError
 from nereus.spec.workflow import build_workflow
@@ -18,36 +17,6 @@ from nereus.transition.schedule import Scheduler
 from nereus.transition.validate import validate_dag
 
 PPO = build_workflow("ppo", "sync", reward_model=False)
-
-
-def _bytes_now(sched: Scheduler, sizes: dict[str, int]) -> dict[int, int]:
-    """Live units' shards plus running primitives' buffers per GPU, recomputed from scratch."""
-    out: dict[int, int] = {}
-    for u in sched.live:
-        for g in u.gpus:
-            out[g] = out.get(g, 0) + shard_bytes(sizes[u.model_stage], u.layout)
-    for i in sched.running:
-        p = sched.dag.primitives[i]
-        ins = consumed(p) + ((p.src,) if isinstance(p, Extend) else ())
-        for g, b in p.peak_bytes().items():
-            own = sum(shard_bytes(sizes[u.model_stage], u.layout) for u in ins if g in u.gpus)
-            out[g] = out.get(g, 0) + b - own
-    return out
-
-
-def _run(dag, cap: int, sizes: dict[str, int], conflicts, stop: int | None = None) -> Scheduler:
-    """Drive the scheduler one completion at a time, checking memory and ownership throughout."""
-    sched = Scheduler(dag, capacity_bytes=cap)
-    done = 0
-    while not sched.done and (stop is None or done < stop):
-        for i in sched.ready():
-            sched.start(i)
-        assert sched.running, sched.stall_reason()
-        assert max(_bytes_now(sched, sizes).values(), default=0) <= cap
-        check_collection(tuple(sched.live), "live", conflicts)
-        sched.complete(min(sched.running))
-        done += 1
-    return sched
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -67,10 +36,10 @@ def test_coresident_plans_reach_the_target_within_memory(seed: int, cut: float) 
     # no resource edge between model-stages that may share GPUs
     for a, b in dag.resource_edges:
         assert wf.concurrent(dag.primitives[a].model_stage, dag.primitives[b].model_stage)
-    sched = _run(dag, cap, sizes, wf.concurrent)
+    sched = run_schedule(dag, cap, sizes, wf.concurrent)
     assert sched.live == set(case.dest)
     # stopped part-way: the collection is valid, every state kept, and the target reachable
-    mid = _run(dag, cap, sizes, wf.concurrent, stop=int(cut * len(dag.primitives))).live
+    mid = run_schedule(dag, cap, sizes, wf.concurrent, stop=int(cut * len(dag.primitives))).live
     assert {u.model_stage for u in mid} == set(wf.names)
     pos = {u: k for k, u in enumerate(case.source)}  # the source's order, then the new units
     try:  # the issue's property: a DAG from there reaches the target, or it says why not
@@ -125,7 +94,7 @@ def test_acquisition_is_not_blocked_by_a_coresident_unit_but_memory_adds_up() ->
     assert dag.counts() == {"Extend": 1, "Destroy": 1}
     assert dag.resource_edges == ()
     validate_dag(dag, capacity_bytes=550, conflicts=PPO.concurrent)
-    sched = _run(dag, 550, sizes, PPO.concurrent)
+    sched = run_schedule(dag, 550, sizes, PPO.concurrent)
     assert sched.live == set(tgt)
     with pytest.raises(TransitionError, match=r"550 bytes on GPU 0 \(actor-gen 50 \+ actor-train 400 "
                                               r"\+ ref-inf 100\) > capacity 549"):
@@ -171,7 +140,7 @@ def test_coresident_buffers_that_do_not_fit_together_are_chained() -> None:
     validate_dag(dag, capacity_bytes=300)
     with pytest.raises(TransitionError, match="400 bytes on GPU 0"):
         validate_dag(dag.without(("memory",)), capacity_bytes=300)
-    assert _run(dag, 300, size, PPO.concurrent).live == set(tgt)
+    assert run_schedule(dag, 300, size, PPO.concurrent).live == set(tgt)
     # unconstrained, nothing is chained; below one sender's need it is infeasible
     assert not [k for _, _, k in compile_transition(src, tgt, size.__getitem__,
                                                     conflicts=PPO.concurrent).edges
@@ -201,6 +170,6 @@ def test_every_execution_fits_in_memory(seed: int, run_seed: int) -> None:
             if not sched.running or rng.random() < 0.6:
                 sched.start(i)
         assert sched.running, sched.stall_reason()
-        assert max(_bytes_now(sched, sizes).values(), default=0) <= cap
+        assert max(bytes_now(sched, sizes).values(), default=0) <= cap
         sched.complete(rng.choice(sorted(sched.running)))
     assert sched.live == set(case.dest)

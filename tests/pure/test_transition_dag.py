@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transition_cases import case
+from support.transition_cases import case
 
 from nereus.emu.primitives import Destroy, Extend, Merge, Split
 from nereus.emu.regions import gather_transfers, merge_gpus, region, sub_units

@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from coresident_cases import coresident_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transition_cases import case
+from support.coresident_cases import coresident_case
+from support.transition_cases import case
 
 from nereus.emu.primitives import StateSizer, model_state_sizer
 from nereus.emu.unit import Emu, Layout, emus_of_plan

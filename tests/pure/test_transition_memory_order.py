@@ -4,8 +4,7 @@ compiler's fallback to phase ordering where a batch cannot fit."""
 from __future__ import annotations
 
 import pytest
-from coresident_cases import coresident_case
-from test_transition_coresident import _run
+from support.coresident_cases import coresident_case, run_schedule
 
 from nereus.emu.primitives import Destroy, Extend
 from nereus.emu.unit import Emu, Layout
@@ -41,7 +40,7 @@ def test_senders_that_fit_two_at_a_time_run_in_batches_of_two() -> None:
     validate_dag(dag, capacity_bytes=500)
     with pytest.raises(TransitionError, match="600 bytes on GPU 0"):
         validate_dag(dag.without(("memory",)), capacity_bytes=500)
-    assert _run(dag, 500, SIZE, PPO.concurrent).live == set(tgt)
+    assert run_schedule(dag, 500, SIZE, PPO.concurrent).live == set(tgt)
     # one at a time where only one fits, none where all three do
     one, _ = _three_senders(400)
     ext1 = {p.model_stage: i for i, p in enumerate(one.primitives) if isinstance(p, Extend)}

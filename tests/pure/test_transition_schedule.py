@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transition_cases import random_case
+from support.transition_cases import random_case
 
 from nereus.emu.primitives import Destroy, Extend
 from nereus.emu.unit import Emu, Layout, emus_of_plan

@@ -41,7 +41,7 @@ from nereus.rl.task import EOS, PAD
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import StagePlan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ppo-tiny-cpu.yaml"
 SPEC = ModelSpec(name="tiny-llama", num_layers=2, hidden_size=32, ffn_hidden_size=64,
                  num_attention_heads=4, num_kv_heads=2, vocab_size=8, max_seq_len=64)

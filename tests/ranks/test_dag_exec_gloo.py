@@ -4,7 +4,7 @@ Hypothesis draws a source and a target EMU collection for two model-stages that 
 (actor-train with Adam state, actor-gen with weights only); the pure compiler gives the DAG,
 every rank drives it with :func:`nereus.runtime.execution.dag.run_dag`, and the global state of every
 target unit is reassembled from the ranks and compared bit for bit with the source state.
-Also: the DAG's plain-data wire form decodes to the same frozen DAG.
+(The DAG's wire form alone: pure/test_dag_wire.py.)
 """
 
 from __future__ import annotations
@@ -16,28 +16,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from support.dag_cases import SETUP, STAGES, WORLD, collections, compile_case
 
-from nereus.emu.primitives import model_state_sizer
 from nereus.emu.shards import shards_at, tensor_specs
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import InfeasiblePlanError, TransitionError
-from nereus.spec.hardware import CPU_VIRTUAL, ClusterSpec
-from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import TINY_GPT
-from nereus.transition.dag import TransitionDag
-from nereus.transition.reference.compile import compile_transition
 from nereus.transition.wire import dag_from_wire, dag_to_wire
 
-WORLD = 4
-STAGES = {"actor-train": True, "actor-gen": False}  # model-stage → trainable
-SETUP = Setup(JobSpec("ppo", "sync", (("actor", TINY_GPT), ("critic", TINY_GPT),
-                                      ("reference", TINY_GPT)),
-                      global_batch=8, prompt_len=8, gen_len=8, reward_model=False),
-              ClusterSpec(2, 2, CPU_VIRTUAL))
-SIZER = model_state_sizer({m: TINY_GPT for m in STAGES}, STAGES)
 COUNTERS = {"actor-train": (7, 2, 5, 11), "actor-gen": (3, 1, 4, 0)}
 STEP = {"actor-train": 3.0, "actor-gen": 0.0}
-LAYOUTS = [Layout(tp, pp) for tp in (1, 2) for pp in (1, 2, 4) if tp * pp <= WORLD]  # tiny-gpt: 2 KV heads
 RUN_IDS = itertools.count()
 
 
@@ -49,24 +37,6 @@ def global_state(seed: int) -> dict[str, dict[str, np.ndarray]]:
         out["exp_avg"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 1e-3
         out["exp_avg_sq"][t.name] = rng.random(t.global_shape).astype(np.float32) * 1e-5
     return out
-
-
-@st.composite
-def collections(draw: st.DrawFn) -> tuple[tuple[Emu, ...], tuple[Emu, ...]]:
-    def one(name: str) -> list[Emu]:
-        lay = draw(st.sampled_from(LAYOUTS))
-        dp = draw(st.integers(1, WORLD // lay.size))
-        gpus = draw(st.permutations(range(WORLD)))
-        return [Emu(name, name, lay, tuple(gpus[r * lay.size:(r + 1) * lay.size]))
-                for r in range(dp)]
-
-    src = tuple(u for name in STAGES for u in one(name))
-    tgt = tuple(u for name in STAGES for u in one(name))
-    return src, tgt
-
-
-def compile_case(src: tuple[Emu, ...], tgt: tuple[Emu, ...]) -> TransitionDag:
-    return compile_transition(src, tgt, SIZER, conflicts=SETUP.job.workflow.concurrent)
 
 
 def _run(rank: int, world: int, store: Any, wire: dict[str, Any], seeds: dict[str, int],
@@ -111,7 +81,7 @@ def assemble(emu: Emu, per_rank: list[dict[Emu, Any]]) -> tuple[dict[str, Any], 
 
 @pytest.fixture
 def pool() -> Any:
-    from gloo_harness import shared_pool
+    from support.gloo_harness import shared_pool
 
     return shared_pool(WORLD)
 
@@ -152,16 +122,3 @@ def test_dag_on_ranks_reaches_the_target_bit_for_bit(
     assert len(moved) == 1  # every rank saw the same primitives
     if set(src) == set(tgt):
         assert moved == {0} and not dag.primitives
-
-
-@settings(max_examples=30, deadline=None)
-@given(collections())
-def test_dag_wire_roundtrip(case: tuple[tuple[Emu, ...], tuple[Emu, ...]]) -> None:
-    try:
-        dag = compile_case(*case)
-    except (TransitionError, InfeasiblePlanError):
-        assume(False)
-        return
-    again = dag_from_wire(dag_to_wire(dag))
-    assert again == dag
-    assert again.primitives == dag.primitives and again.order == dag.order

@@ -1,7 +1,8 @@
 """Compile-only checks of the pack/unpack kernels: CUDA (nvcc, sm_90) and HIP (hipcc, gfx90a).
 
 Each is skipped, with the reason, when its compiler is absent. Running them needs a GPU; see
-benchmarks/device_check_pack.sh and tests/test_kernels_gpu.py.
+benchmarks/device_check_pack.sh and tests/gpu/test_kernels_gpu.py. (The design's vendor
+neutrality, read from the sources: pure/test_kernels_design.py.)
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from support.kernel_sources import KERNELS, code_of
 
-REPO = Path(__file__).resolve().parent.parent
-KERNELS = REPO / "kernels"
+REPO = Path(__file__).resolve().parents[2]
 NVCC = shutil.which("nvcc")
 HIPCC = shutil.which("hipcc")
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -87,8 +88,8 @@ def test_torch_binding_builds_and_imports(tmp_path: Path, request: pytest.Fixtur
     flags = ["-std=c++20", "-DTORCH_EXTENSION_NAME=_kernels", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     binding = str(KERNELS / "cuda" / "pack_ext.cpp")
     # both builds use the one binding: the HIP build's file is the same one-include TU
-    assert _code(KERNELS / "cuda" / "pack_ext.cpp").strip() == '#include "common/pack_binding.h"'
-    assert _code(KERNELS / "hip" / "pack_ext.cpp").strip() == '#include "common/pack_binding.h"'
+    assert code_of(KERNELS / "cuda" / "pack_ext.cpp").strip() == '#include "common/pack_binding.h"'
+    assert code_of(KERNELS / "hip" / "pack_ext.cpp").strip() == '#include "common/pack_binding.h"'
     cudart = _cudart_dir()
     if cudart is None:
         _run([CXX, *flags, "-fsyntax-only", *includes, binding])
@@ -113,28 +114,6 @@ def test_torch_binding_builds_and_imports(tmp_path: Path, request: pytest.Fixtur
     out = _run([sys.executable, "-c", probe]).stdout.splitlines()
     assert out[0] == f"cuda {desc_table.LAYOUT_VERSION} {desc_table.DESC_FIELDS}"
     assert out[1] == "refused: nereus pack: descriptor table must be on the GPU"
-
-
-def _code(path: Path) -> str:
-    text = path.read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return re.sub(r"//[^\n]*", "", text)
-
-
-def test_kernel_design_names_no_vendor_api() -> None:
-    """pack_kernel.h, pack_api.h and the binding are vendor-neutral; only nereus_gpu.h maps
-    cuda*/hip* names, and both dialect TUs include the same design header."""
-    vendor = re.compile(r"\b(cuda|hip)[A-Z_]\w*|__CUDA|__HIP|<cuda|<hip", re.I)
-    for name in ("pack_kernel.h", "pack_api.h", "pack_binding.h"):
-        hits = vendor.findall(_code(KERNELS / "common" / name))
-        assert not hits, f"{name} names vendor APIs: {hits}"
-    gpu_h = _code(KERNELS / "common" / "nereus_gpu.h")
-    assert "hip/hip_runtime.h" in gpu_h and "cuda_runtime.h" in gpu_h
-    for tu in (KERNELS / "cuda" / "pack.cu", KERNELS / "hip" / "pack.hip"):
-        code = _code(tu)
-        assert '#include "common/nereus_gpu.h"' in code
-        assert '#include "common/pack_kernel.h"' in code
-        assert "__global__" not in code, f"{tu.name} defines kernels of its own"
 
 
 def test_setup_without_a_toolkit_installs_pure_python_and_forcing_fails_loudly() -> None:

@@ -20,13 +20,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pack_cases import check_pack, check_roundtrip, check_unpack, random_pieces
+from support.pack_cases import check_pack, check_roundtrip, check_unpack, random_pieces
 
 from nereus.kernels import table as desc_table
 from nereus.kernels.pack import pack, unpack
 from nereus.kernels.slices import SliceSpec, row_geometry
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 

@@ -166,7 +166,7 @@ def sequences(draw: st.DrawFn) -> tuple[Emu, list[Any]]:
 
 @pytest.fixture
 def pool() -> Any:
-    from gloo_harness import shared_pool
+    from support.gloo_harness import shared_pool
 
     return shared_pool(WORLD)
 
@@ -227,7 +227,7 @@ def _batch(seed: int) -> tuple[Any, Any]:
 
 def _train_compare(rank: int, world: int, store: Any, run_id: int, seed: int) -> dict[str, Any]:
     import torch.distributed as dist
-    from megatron_meta import load_via_megatron
+    from support.megatron_meta import load_via_megatron
 
     from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.state import Counters, load_global
@@ -425,7 +425,7 @@ def _killed_during_split(rank: int, world: int, store: Any, run_id: int, seed: i
 
 
 def test_killed_rank_gives_communication_error_and_intact_sources(pool: Any) -> None:
-    from gloo_harness import discard_pool
+    from support.gloo_harness import discard_pool
 
     try:
         res = pool.run(_killed_during_split, next(RUN_IDS), 3, dying=(WORLD - 1,))

@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from slurm_cluster import LocalSlurm
-from test_failures import JOB, failure_events, same_training, summary
-from test_slurm_cluster import job_info, wait_for, wait_job
+from support.failure_runs import JOB, failure_events, same_training, summary
+from support.slurm_cluster import LocalSlurm, job_info, wait_for, wait_job
 
 from nereus.runtime.failures.recovery import COPIES
 
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 NODES, GPN = 3, 2  # the local Slurm cluster's nodes; ranks per node (so replicas can survive)
 CLUSTER = (f"cluster: {{nodes: {NODES}, gpus_per_node: {GPN}, gpu: cpu, "
            "memory_per_gpu_gb: 0.5}\n")

@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from slurm_cluster import LocalSlurm
+from support.paths import SUPPORT
+from support.slurm_cluster import LocalSlurm, job_info, wait_for, wait_job
 
 from launchers.commands import LaunchSpec, on_survivors, srun_argv
 from launchers.sbatch import SbatchSpec, sbatch_script, submit
@@ -30,49 +30,16 @@ from nereus.cluster.env import JobEnvironment
 from nereus.cluster.slurm_watch import (
     SINFO_NODE_FORMAT,
     Event,
-    JobInfo,
     NodesGained,
     NodesLost,
     PoolChanged,
     SlurmWatcher,
     make_subprocess_runner,
-    parse_job_record,
     parse_sinfo_nodes,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
-REPO = Path(__file__).resolve().parents[1]
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Poll ``check`` until true; every 0.2 s, or every 2 s on waits over 5 minutes (so the
-    test's own queries do not load slurmctld on a busy 2-core machine)."""
-    interval_s = 0.2 if timeout_s <= 300 else 2.0
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
-def job_info(cluster: LocalSlurm, job_id: str) -> JobInfo:
-    return parse_job_record(cluster.run("scontrol", "show", "job", "-o", job_id).stdout)
-
-
-def wait_job(cluster: LocalSlurm, job_id: str, states: tuple[str, ...],
-             timeout_s: float = 60.0) -> JobInfo:
-    found: list[JobInfo] = []
-
-    def done() -> bool:
-        found.append(job_info(cluster, job_id))
-        return found[-1].state in states
-
-    try:
-        wait_for(f"job {job_id} in {states}", done, timeout_s)
-    except AssertionError:
-        raise AssertionError(f"job {job_id}: {found[-1] if found else None}\n"
-                             f"{cluster.log_tail()}") from None
-    return found[-1]
+pytestmark = pytest.mark.timeout(180)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def poll_until(watcher: SlurmWatcher, kind: type, timeout_s: float = 60.0) -> list[Event]:
@@ -206,7 +173,7 @@ def test_submitit_preemption_checkpoint_requeue_resume(slurm_cluster: LocalSlurm
 def test_node_down_and_resume_seen_by_watcher(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """A 3-node --no-kill job: n3 down -> NodesLost(n3) and a 2-node pool; the step relaunches
     on n1, n2; n3 resumed -> NodesGained(n3) (idle, outside the shrunken allocation)."""
-    driver = Path(__file__).with_name("slurm_watch_driver.py")
+    driver = SUPPORT / "slurm_watch_driver.py"
     # "direct": the driver runs in the batch shell and starts its own srun steps.
     spec = SbatchSpec(job_name="watch", launcher="direct", nodes=3, ntasks_per_node=1,
                       output=str(tmp_path / "out.txt"),
@@ -409,7 +376,7 @@ def test_node_down_during_nereus_run_replans_on_two_nodes(slurm_cluster: LocalSl
                           str(tmp_path / "ref.h5"), "--json"], capture_output=True, text=True,
                          cwd=REPO, env=env, timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    from test_failures import same_training
+    from support.failure_runs import same_training
 
     base = json.loads(ref.stdout.strip().splitlines()[-1])
     got = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])

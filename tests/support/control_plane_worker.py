@@ -1,4 +1,4 @@
-"""Run under mpiexec by tests/test_control_plane_mpi.py: exercises the real MPI control plane."""
+"""Run under mpiexec by tests/mpi/test_control_plane_mpi.py: exercises the real MPI control plane."""
 
 from __future__ import annotations
 

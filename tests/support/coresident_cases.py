@@ -11,12 +11,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from transition_cases import tiny_model
-
-from nereus.emu.primitives import StateSizer, model_state_sizer, shard_bytes
+from nereus.emu.primitives import Extend, StateSizer, consumed, model_state_sizer, shard_bytes
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.spec.workflow import Workflow, build_workflow
+from nereus.transition.reference.compile import check_collection
+from nereus.transition.schedule import Scheduler
+from support.transition_cases import tiny_model
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,34 @@ def coresident_case(seed: int) -> CoresidentCase:
                max(resident_by_gpu(tmp.dest, sizer).values()))
     cap = int(held * rng.choice([1.5, 2.0, 3.0, 6.0]))
     return CoresidentCase(wf, cur, tgt, states, sizer, pool, cap)
+
+
+def bytes_now(sched: Scheduler, sizes: dict[str, int]) -> dict[int, int]:
+    """Live units' shards plus running primitives' buffers per GPU, recomputed from scratch."""
+    out: dict[int, int] = {}
+    for u in sched.live:
+        for g in u.gpus:
+            out[g] = out.get(g, 0) + shard_bytes(sizes[u.model_stage], u.layout)
+    for i in sched.running:
+        p = sched.dag.primitives[i]
+        ins = consumed(p) + ((p.src,) if isinstance(p, Extend) else ())
+        for g, b in p.peak_bytes().items():
+            own = sum(shard_bytes(sizes[u.model_stage], u.layout) for u in ins if g in u.gpus)
+            out[g] = out.get(g, 0) + b - own
+    return out
+
+
+def run_schedule(dag, cap: int, sizes: dict[str, int], conflicts,
+                 stop: int | None = None) -> Scheduler:
+    """Drive the scheduler one completion at a time, checking memory and ownership throughout."""
+    sched = Scheduler(dag, capacity_bytes=cap)
+    done = 0
+    while not sched.done and (stop is None or done < stop):
+        for i in sched.ready():
+            sched.start(i)
+        assert sched.running, sched.stall_reason()
+        assert max(bytes_now(sched, sizes).values(), default=0) <= cap
+        check_collection(tuple(sched.live), "live", conflicts)
+        sched.complete(min(sched.running))
+        done += 1
+    return sched

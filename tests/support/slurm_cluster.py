@@ -17,8 +17,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nereus.cluster.slurm_watch import JobInfo, parse_job_record
 
 NODE_NAMES = ("n1", "n2", "n3")
 NODE_CPUS = 2
@@ -330,3 +333,36 @@ def start_local_slurm(root: Path | None = None, timeout_s: float = 40.0) -> Loca
         cluster.stop()
         raise
     return cluster
+
+
+# ---- waiting on jobs of the cluster (the slurm tests) ----
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll ``check`` until true; every 0.2 s, or every 2 s on waits over 5 minutes (so the
+    test's own queries do not load slurmctld on a busy 2-core machine)."""
+    interval_s = 0.2 if timeout_s <= 300 else 2.0
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def job_info(cluster: LocalSlurm, job_id: str) -> JobInfo:
+    return parse_job_record(cluster.run("scontrol", "show", "job", "-o", job_id).stdout)
+
+
+def wait_job(cluster: LocalSlurm, job_id: str, states: tuple[str, ...],
+             timeout_s: float = 60.0) -> JobInfo:
+    found: list[JobInfo] = []
+
+    def done() -> bool:
+        found.append(job_info(cluster, job_id))
+        return found[-1].state in states
+
+    try:
+        wait_for(f"job {job_id} in {states}", done, timeout_s)
+    except AssertionError:
+        raise AssertionError(f"job {job_id}: {found[-1] if found else None}\n"
+                             f"{cluster.log_tail()}") from None
+    return found[-1]

@@ -12,7 +12,8 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-from slurm_cluster import LocalSlurm, missing_requirements, start_local_slurm
+
+from support.slurm_cluster import LocalSlurm, missing_requirements, start_local_slurm
 
 
 @pytest.fixture(scope="session")
