@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device check of the shard pack/unpack kernels on one NVIDIA GPU (issue 8), in one go:
 #   1. builds nereus._kernels in place (sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise),
-#   2. runs tests/test_kernels_gpu.py (random slices, poisoned outputs, every byte against torch;
+#   2. runs tests/gpu/test_kernels_gpu.py (random slices, poisoned outputs, every byte against torch;
 #      with pytest when the image has it, else its plain runner) and fails if anything skipped,
 #   3. runs benchmarks/pack.py --json with four tile sizes (16-128 kB),
 #   4. writes summary.txt: per plan and op the best kernel tile's share of the copy bandwidth,
@@ -41,9 +41,9 @@ echo "build took $(( $(date +%s) - start )) s" | tee -a "$RES/build.log"
 echo "== correctness"
 set +e
 if "$PY" -c "import pytest" 2>/dev/null; then
-  "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_kernels_gpu.py >"$RES/gpu_test.log" 2>&1
+  "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_kernels_gpu.py >"$RES/gpu_test.log" 2>&1
 else
-  "$PY" tests/test_kernels_gpu.py >"$RES/gpu_test.log" 2>&1
+  "$PY" tests/gpu/test_kernels_gpu.py >"$RES/gpu_test.log" 2>&1
 fi
 rc=$?
 set -e

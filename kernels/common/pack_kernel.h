@@ -1,6 +1,6 @@
 // Multi-tensor shard pack/unpack: the one kernel design, shared by the CUDA and HIP builds.
 //
-// Include nereus_gpu.h first. This file names no vendor API (tests/test_kernels_compile.py
+// Include nereus_gpu.h first. This file names no vendor API (tests/pure/test_kernels_design.py
 // checks that): the dialect lives in nereus_gpu.h only.
 //
 // One launch covers every slice of a transfer: block b takes tiles b, b + gridDim.x, ...; a

@@ -27,7 +27,7 @@ Hugging Face's q_proj stacks query heads in order (head i uses kv head ``i // (h
 the split is a reshape to ``[g, heads/g + 2, d, hidden]``. The fused SwiGLU ``linear_fc1`` is
 ``[gate; up]``. Megatron's RoPE is the non-interleaved (rotate-half) form Hugging Face's Llama
 uses, so no per-head permutation is needed (checked against ``transformers`` in
-``tests/test_engines_backend.py``).
+``tests/ranks/test_engines_hf_logits.py``).
 
 Architectures vLLM's Llama path cannot take are rejected with :class:`UnsupportedArchitecture`:
 learned absolute positions, LayerNorm (with bias), a non-gated MLP.

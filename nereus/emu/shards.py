@@ -3,7 +3,7 @@
 The logical (global) state is one tensor per parameter, named like Megatron's state-dict key but
 with the *global* layer index (``decoder.layers.{L}.…``). Megatron's ``sharded_state_dict()``
 reports every local tensor as boxes of such global tensors; the rules below reproduce that
-metadata (checked against real Megatron models in ``tests/test_emu_shards.py``):
+metadata (checked against real Megatron models in ``tests/ranks/test_emu_shards_megatron.py``):
 
 - column-parallel (``linear_qkv``, non-gated ``linear_fc1``, ``output_layer``): axis 0 in tp
   contiguous chunks. The fused QKV global tensor is Megatron's own group-interleaved layout

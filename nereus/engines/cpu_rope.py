@@ -9,7 +9,7 @@ builds a GPTModel like :func:`nereus.engines.megatron_model.build_gpt` but with
 parameter changes: ``inv_freq`` is a plain attribute, not state).
 
 The runtime's own models keep learned positions (``build_gpt``); this builder serves the
-Megatron → Hugging Face conversion check (``tests/test_engines_backend.py``), whose models must
+Megatron → Hugging Face conversion check (``tests/ranks/test_engines_hf_logits.py``), whose models must
 use RoPE because Llama does.
 """
 

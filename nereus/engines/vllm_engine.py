@@ -3,7 +3,7 @@
 Written against vLLM's public offline API of the V1 engine, **vLLM 0.10.2 – 0.11.x** (the
 releases with ``LLM.apply_model`` and ``logprobs_mode``); it cannot run on the CPU-only
 development machines, so it is exercised only against a test double there
-(``tests/test_vllm_engine.py``, labelled MOCK) — the calls below are what that double checks,
+(``tests/pure/test_vllm_engine.py``, labelled MOCK) — the calls below are what that double checks,
 not behaviour observed on a GPU.
 
 - **Engine**: one ``vllm.LLM`` per rank of an actor-gen unit, SPMD like the rest of the

@@ -1,0 +1,311 @@
+"""``nereus run``: real MPI ranks, Megatron-core models, gloo transfers, HDF5 log (mpi marker).
+
+Runs the CLI as a subprocess (as a user would). Runtime on 2 shared cores: about 2–3 minutes,
+most of it the start-up of the ranks (importing torch and megatron-core in every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.run_jobs import SMALL, nereus, write_job
+
+pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None,
+                                reason="needs mpiexec (the mpi extra)")
+ADAM_LR = 1e-3  # runtime.lr default
+
+
+def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "run.h5"
+    res = nereus("run", "examples/ppo-tiny-cpu.yaml", "--ranks", "4", "--steps", "3",
+                 "--log", str(log), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and len(summary["rewards"]) == 3
+    assert all(set(loss) == {"actor-train", "critic-train"} for loss in summary["losses"])
+    assert all(np.isfinite(v) for loss in summary["losses"] for v in loss.values())
+    assert "step   3/3" in res.stderr  # the live progress line (stdout goes to stderr with --json)
+    # The embedded task is learned: a random policy already scores (partial credit), and within
+    # three PPO steps (lr 0.005, 4 updates each) the rewarded responses get longer — seed 0
+    # measured 0.44 → 0.61 → 1.98 reward and 6.7 → 9.8 → 29.6 tokens; the bound leaves room.
+    rewards, lengths = summary["rewards"], summary["lengths"]
+    assert 0.1 < rewards[0] < 1.0
+    assert rewards[2] > 1.5 * rewards[0] and lengths[2] > 1.5 * lengths[0], (rewards, lengths)
+    rep = nereus("report", str(log), "--json", "--no-plots")
+    assert rep.returncode == 0, rep.stderr
+    data = json.loads(rep.stdout)
+    assert data["steps"] == 3 and data["closed"]
+    from nereus.log.reader import read_run_log
+
+    run = read_run_log(log)
+    assert run.closed and list(run.steps["step"]) == [0, 1, 2]
+    assert np.all(run.steps["step_s"] > 0)
+    # Live calibration: every step every model-stage's time against its prediction, the samples
+    # the calibration took from them, and the refitted efficiencies and fixed costs.
+    stages = {sp["name"] for sp in run.initial_plan["stages"]}
+    st = run.tables["stage_times"]
+    for step in (0, 1, 2):
+        assert set(st["model_stage"][st["step"] == step].tolist()) == stages, step
+        assert set(run.tables["calibration_samples"]["step"].tolist()) >= {step}
+        assert step in set(run.tables["fixed_costs"]["step"].tolist())
+    assert np.all(st["predicted_s"] > 0) and np.all(st["measured_s"] > 0)
+    assert set(data["stage_time_error"]["per_step_mape_pct"]) == {"0", "1", "2"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_readme_main_job_as_written(tmp_path: Path) -> None:
+    """``nereus run examples/ppo-tiny-cpu.yaml`` exactly as the README runs it: 8 ranks, 8
+    steps, node 1 leaving after step 4 and coming back after step 6, responses growing. Every
+    step runs and is logged; the plan changes (the growth makes the trainers' plan infeasible,
+    the node's departure shrinks DP, its return grows it back) run as transition DAGs or, where
+    every replica of a model-stage left, gather-and-reload; each was planned once; the task is
+    learned; every step calibrates the cost model."""
+    log = tmp_path / "readme.h5"
+    res = nereus("run", "examples/ppo-tiny-cpu.yaml", "--log", str(log), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 8 and len(summary["rewards"]) == 8
+    rewards = summary["rewards"]
+    assert rewards[-1] > 3 * rewards[0], rewards  # seed 0: 0.44 → 3.39
+    from nereus.log.reader import read_run_log
+
+    run = read_run_log(log)
+    assert run.closed and list(run.steps["step"]) == list(range(8))
+    kinds = list(run.events["kind"])
+    pools = [d["pool"] for k, d in zip(kinds, run.events["detail"], strict=True)
+             if k == "gpu-pool-change"]
+    assert [len(p) for p in pools] == [4, 8], pools
+    tr = run.tables["transitions"]
+    detail = list(tr["dag"])
+    assert len(detail) >= 2, detail
+    assert {d["executor"] for d in detail} <= {"dag", "gather-reload"}
+    assert any(d["executor"] == "dag" for d in detail)
+    assert all(d["compilations"] == 1 for d in detail), detail
+    assert all(d["kind"] in ("urgent", "opportunistic") for d in detail)
+    # the step after the node left runs on 4 ranks, the last ones on 8 again
+    assert run.steps["pool_gpus"][4] == 4 and run.steps["pool_gpus"][7] == 8
+    # the closed loop: stage times against predictions and refitted parameters at every step
+    st = run.tables["stage_times"]
+    assert set(st["step"].tolist()) == set(range(8))
+    assert set(run.tables["fixed_costs"]["step"].tolist()) == set(range(8))
+    # transitions predicted from the rates measured so far: the right order of magnitude
+    ratio = np.asarray(tr["measured_s"]) / np.asarray(tr["predicted_s"])
+    assert np.all((ratio > 0.2) & (ratio < 5.0)), ratio
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # five runs of 4 ranks: ~3 min on 2 idle cores, more when shared
+def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: Path) -> None:
+    """Baseline: 2 nodes x 2 ranks, the initial plan kept. Forced: a TP change of actor-gen after
+    step 0 and TP→DP changes of both trainers after step 1. Removal: 4 nodes x 1 rank, node 3
+    leaves after step 0 (urgent DP scale-down). Same seed → same samples, rewards, losses and
+    final parameters up to reduction order: fp32, a different TP splits GEMM sums and a different
+    DP sums gradients in another order (relative differences ~1e-7 per op), hence rel 1e-4 on
+    losses; sampled tokens (and so rewards and lengths) are identical. Parameters: relative
+    difference of the whole state ≤ 1e-4 (measured ~1e-7); per element ≤ 3·lr, since
+    Adam's normalized step m/(√v+ε) of an element whose gradient is near ε can differ by up to
+    lr per step under a different reduction order (seen: one element in 4096 off by 1.4e-5)."""
+    two_by_two = "cluster: {nodes: 2, gpus_per_node: 2"
+    async_ppo = "mode: async"  # the trainers change layout; actor-gen has 1 GPU in async plans
+    runs = {
+        "base": (two_by_two, "{steps: 3, adapt: false, save_state: %s}"),
+        "forced": (two_by_two, "{steps: 3, save_state: %s, force_transitions: ["
+                   "{at_step: 0, layouts: {actor-gen: [2, 1]}}, "
+                   "{at_step: 1, layouts: {actor-train: [1, 1], critic-train: [1, 1]}}]}"),
+        "removal": ("cluster: {nodes: 4, gpus_per_node: 1",
+                    "{steps: 3, save_state: %s, events: [{at_step: 0, remove_node: 3}]}"),
+        "async-base": (two_by_two, "{steps: 3, adapt: false, save_state: %s}"),
+        "async-forced": (two_by_two, "{steps: 3, save_state: %s, force_transitions: ["
+                         "{at_step: 0, layouts: {actor-train: [1, 1]}}, "
+                         "{at_step: 1, layouts: {critic-train: [2, 1]}}]}"),
+    }
+    out = {}
+    for name, (cluster, runtime) in runs.items():
+        cfg = tmp_path / f"{name}.yaml"
+        text = SMALL.replace("cluster: {nodes: 4, gpus_per_node: 1", cluster)
+        if name.startswith("async"):
+            text = text.replace("mode: sync", async_ppo)
+        cfg.write_text(text + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        res = nereus("run", str(cfg), "--log", str(tmp_path / f"{name}.h5"), "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[name] = json.loads(res.stdout.strip().splitlines()[-1])
+    b = out["base"]
+    assert b["transitions"] == 0 and len(set(b["plans"])) == 1
+    assert out["forced"]["transitions"] == 2 and len(set(out["forced"]["plans"])) == 3
+    assert out["removal"]["transitions"] == 1 and len(set(out["removal"]["plans"])) == 2
+    from nereus.log.reader import read_run_log
+
+    # The forced changes ran as transition DAGs on the ranks; the removal took critic-inf's and
+    # critic-train's only replicas (node 3) with it, so it fell back to gather+reload and says so.
+    dags = read_run_log(tmp_path / "forced.h5").tables["transitions"]["dag"]
+    assert [d["executor"] for d in dags] == ["dag", "dag"], list(dags)
+    # each change planned once, by rank 0, and executed as sent (no rank plans it again)
+    assert [d["compilations"] for d in dags] == [1, 1], list(dags)
+    (removal,) = read_run_log(tmp_path / "removal.h5").tables["transitions"]["dag"]
+    assert removal["executor"] == "dag" or (
+        removal["executor"] == "gather-reload" and "every replica of" in removal["reason"]
+    ), removal
+    assert out["async-forced"]["transitions"] == 2, out["async-forced"]["plans"]
+    assert len(set(out["async-forced"]["plans"])) == 3
+    for base, name in (("base", "forced"), ("base", "removal"), ("async-base", "async-forced")):
+        _assert_same_training(tmp_path, out, base, name)
+    assert b["losses"][0] != b["losses"][2]  # training moved the models
+    _assert_async_is_one_step_off_policy(b, out["async-base"])
+
+
+def _assert_same_training(tmp_path: Path, out: dict[str, dict[str, Any]], base: str,
+                          name: str) -> None:
+    """Same samples, rewards and lengths; losses to rel 1e-4; parameters as documented in
+    the PPO test."""
+    b, m = out[base], out[name]
+    assert b["rewards"] == m["rewards"] and b["lengths"] == m["lengths"], name
+    for lb, lm in zip(b["losses"], m["losses"], strict=True):
+        for k in lb:
+            assert lm[k] == pytest.approx(lb[k], rel=1e-4, abs=1e-7), (name, k)
+    xb, xm = np.load(tmp_path / f"{base}.npz"), np.load(tmp_path / f"{name}.npz")
+    assert any(k.startswith("actor-train/") for k in xb.files)
+    assert set(xb.files) == set(xm.files)
+    diff2 = ref2 = 0.0
+    for k in xb.files:
+        d = xm[k].astype(np.float64) - xb[k]
+        assert np.abs(d).max() <= 3 * ADAM_LR, (name, k)  # Adam moves ≤ lr per step
+        diff2 += float((d * d).sum())
+        ref2 += float((xb[k].astype(np.float64) ** 2).sum())
+    assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
+
+
+def _assert_async_is_one_step_off_policy(sync: dict[str, Any], asyn: dict[str, Any]) -> None:
+    """Step 0 trains the same batch from the same weights in both modes (losses agree up to
+    reduction order: the plans differ); from step 1 on async trains batches sampled with the
+    weights of one step earlier, so the losses differ."""
+    for k, v in sync["losses"][0].items():
+        assert asyn["losses"][0][k] == pytest.approx(v, rel=1e-4, abs=1e-7), k
+    assert sync["lengths"][0] == asyn["lengths"][0]
+    assert all(asyn["losses"][1][k] != pytest.approx(v, rel=1e-3)
+               for k, v in sync["losses"][1].items()), (sync["losses"][1], asyn["losses"][1])
+
+
+def test_rank_failing_at_start_ends_every_rank_with_one_error(tmp_path: Path) -> None:
+    cfg = write_job(tmp_path, "fail.yaml", "{steps: 2, inject_failure: {rank: 2, at_step: -1}}")
+    t0 = time.monotonic()
+    res = nereus("run", str(cfg), "--log", str(tmp_path / "f.h5"), "--timeout-s", "240",
+                 timeout_s=300)
+    assert res.returncode != 0
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("nereus: error:")]
+    assert len(errors) == 1 and "rank 2" in errors[0] and "injected" in errors[0], res.stderr
+    assert time.monotonic() - t0 < 240
+
+
+CRITIC_FREE = """
+job: {algorithm: ALGO, mode: MODE, global_batch: 4, samples_per_prompt: N, minibatches: 2,
+      prompt_len: 8, gen_len: 12, reward_model: true}
+models: {actor: tiny-gpt, reference: tiny-gpt, reward: tiny-gpt}
+cluster: {nodes: 1, gpus_per_node: GPUS, gpu: cpu, memory_per_gpu_gb: 0.5}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # four runs of 2 and 4 ranks
+@pytest.mark.parametrize(("algo", "n"), [("grpo", 2), ("remax", 1)])
+def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
+        tmp_path: Path, algo: str, n: int) -> None:
+    """GRPO (group of 2) and ReMax (greedy baseline). Sync on 2 ranks: actor-train and
+    actor-gen switch between tp=2 and dp=2 after step 0. Async on 4 ranks (actor-gen needs GPUs
+    of its own beside the inference lane): actor-gen goes to tp=2 after step 0, actor-train to
+    tp=1 (dp 2) after step 1; the batch generated ahead crosses both transitions. Same
+    tolerances as the PPO test. The reward is the reward model's score: the task reward of an
+    untrained tiny-gpt (128-token vocabulary, 5 of them letters) is 0 almost everywhere, which
+    makes advantages 0 and lets Adam blow reduction-order noise (~1e-11 gradients) up to full
+    lr-sized steps — a degenerate case, not a semantics check."""
+    out: dict[str, dict[str, Any]] = {}
+    runs = (
+        ("base", "sync", 2, "{steps: 2, adapt: false, reward: model, save_state: %s}"),
+        ("forced", "sync", 2, "{steps: 2, adapt: false, reward: model, save_state: %s, "
+         "force_transitions: [{at_step: 0, layouts: {actor-train: [TP, 1], actor-gen: [TP, 1]}}]}"),
+        ("async-base", "async", 4, "{steps: 3, adapt: false, reward: model, save_state: %s}"),
+        ("async-forced", "async", 4, "{steps: 3, adapt: false, reward: model, save_state: %s, "
+         "force_transitions: [{at_step: 0, layouts: {actor-gen: [2, 1]}}, "
+         "{at_step: 1, layouts: {actor-train: [1, 1]}}]}"),
+    )
+    for name, mode, gpus, runtime in runs:
+        cfg = tmp_path / f"{name}.yaml"
+        text = (CRITIC_FREE.replace("ALGO", algo).replace("N", str(n)).replace("MODE", mode)
+                .replace("GPUS", str(gpus)))
+        cfg.write_text(text + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        if name == "forced":  # the other layout than the baseline's initial one
+            tp = 1 if out["base"]["plans"][0].split()[-1].endswith(".2.1") else 2
+            cfg.write_text(cfg.read_text().replace("TP", str(tp)))
+        res = nereus("run", str(cfg), "--log", str(tmp_path / f"{name}.h5"), "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[name] = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["forced"]["transitions"] == 1, out["forced"]["plans"]
+    assert out["async-forced"]["transitions"] == 2, out["async-forced"]["plans"]
+    assert len(set(out["async-forced"]["plans"])) == 3
+    for base, name in (("base", "forced"), ("async-base", "async-forced")):
+        b, m = out[base], out[name]
+        assert b["lengths"] == m["lengths"]
+        assert m["rewards"] == pytest.approx(b["rewards"], rel=1e-5, abs=1e-7)
+        for lb, lm in zip(b["losses"], m["losses"], strict=True):
+            assert set(lb) == {"actor-train"} and lb["actor-train"] != 0.0
+            assert lm["actor-train"] == pytest.approx(lb["actor-train"], rel=1e-4, abs=1e-7)
+        xb, xm = np.load(tmp_path / f"{base}.npz"), np.load(tmp_path / f"{name}.npz")
+        diff2 = sum(float(((xm[k].astype(np.float64) - xb[k]) ** 2).sum()) for k in xb.files)
+        ref2 = sum(float((xb[k].astype(np.float64) ** 2).sum()) for k in xb.files)
+        assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
+    _assert_async_is_one_step_off_policy(out["base"], out["async-base"])
+
+
+OOM = """
+job: {algorithm: grpo, mode: sync, global_batch: 4, samples_per_prompt: 2, minibatches: 1,
+      prompt_len: 8, gen_len: 8, reward_model: false}
+models: {actor: {preset: tiny-gpt, vocab_size: 8}, reference: {preset: tiny-gpt, vocab_size: 8}}
+cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
+controller: {memory_headroom: 0.01}
+runtime: {steps: 3, max_new_tokens: 16, capacity_drop: {at_step: 1, memory_per_rank_gb: 0.077}}
+"""
+
+
+def test_capacity_drop_is_an_oom_the_controller_handles_on_the_urgent_path(
+        tmp_path: Path) -> None:
+    """GRPO on 2 ranks (actor-gen, ref-inf, actor-train on both, dp 2). Each rank holds
+    77.7 MB by its account — 67.1 MB the planner's workspace reserve plus 10.6 MB of real
+    fp32 tensors (three models, Adam state, KV cache) — where the planner predicted 72.0 MB.
+    From step 1 on the devices offer 77.0 MB: the account sees real bytes over the capacity,
+    the OOM events tell rank 0 the new capacity and the measured/predicted ratio (1.08), the
+    current plan is then infeasible and the urgent path moves actor-train to a layout that
+    splits its state (pp or tp 2; real bytes ~72.5 MB) — and step 2 runs with no OOM."""
+    cfg = tmp_path / "oom.yaml"
+    cfg.write_text(OOM)
+    log = tmp_path / "oom.h5"
+    res = nereus("run", str(cfg), "--log", str(log), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["transitions"] == 1, summary["plans"]
+    assert summary["plans"][1] == summary["plans"][0] != summary["plans"][2]
+    assert "aT2.1.1" in summary["plans"][0] and "aT1." in summary["plans"][2]
+    from nereus.log.reader import read_run_log
+
+    run = read_run_log(log)
+    ev = run.events
+    ooms = [(int(s), d) for s, k, d in zip(ev["step"], ev["kind"], ev["detail"], strict=True)
+            if k == "oom"]
+    assert ooms and {s for s, _ in ooms} == {1}  # only in the step of the drop
+    assert {d["global_rank"] for _, d in ooms} == {0, 1}
+    assert all(d["capacity_bytes"] == 77_000_000 < d["peak_bytes"] for _, d in ooms)
+    assert "capacity-change" in list(ev["kind"])
+    adm = run.tables["admissions"]
+    assert list(adm["step"]) == [1] and list(adm["path"]) == ["urgent"] and adm["admitted"][0]
+    # the admitted change was planned once; the log's prediction is admission's own L̂_tran
+    (change,) = run.tables["transitions"]["dag"]
+    assert change["compilations"] == 1, change
+    assert run.tables["transitions"]["predicted_s"][0] == adm["transition_s"][0]
+    mem = run.tables["gpu_memory"]
+    last = [int(b) for s, b in zip(mem["step"], mem["peak_bytes"], strict=True) if s == 2]
+    assert last and max(last) <= 77_000_000  # the new plan fits the smaller devices
