@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
 
-from nereus.cost.memory import gpu_memory, memory_capacity_bytes
+from nereus.cost.memory import gpu_memory, memory_capacity_bytes, rank_memory
 from nereus.errors import ConfigError, InfeasiblePlanError
 from nereus.plan import dp
 from nereus.plan.assign import assign, placement_errors
@@ -18,6 +18,7 @@ from nereus.plan.candidates import (
     CostCache,
     dominates,
     enumerate_candidates,
+    pipeline_depths,
     stage_sequences,
 )
 from nereus.plan.exhaustive import SearchLimitError
@@ -25,8 +26,14 @@ from nereus.plan.explain import explain, infeasible_to_json, plan_result_to_json
 from nereus.plan.problem import memory_bound_bytes, step_s
 from nereus.plan.search import PlanResult, search_plan
 from nereus.spec.hardware import A100_64GB, H200, ClusterSpec, GpuSpec
-from nereus.spec.job import JobSpec, Setup
-from nereus.spec.model import LLAMA_3_3_70B, MEDIUM_GPT, TINY_GPT
+from nereus.spec.job import RUNTIME_PLAN_SPACE, JobSpec, PlanSpace, Setup
+from nereus.spec.model import (
+    LLAMA_3_1_8B,
+    LLAMA_3_3_70B,
+    MEDIUM_GPT,
+    TINY_GPT,
+    stage_layer_counts,
+)
 from nereus.spec.workflow import Workflow
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,7 +50,9 @@ def check_result(setup: Setup, pool: tuple[int, ...], res: PlanResult) -> None:
     gpn = setup.cluster.gpus_per_node
     for sp in res.plan.stages:
         ms = wf.by_name(sp.name)
-        assert sp.dp * sp.micro_batch * sp.grad_accum == stage_sequences(setup, ms)
+        seqs = stage_sequences(setup, ms)
+        assert sp.micro_batch * sp.grad_accum == -(-seqs // sp.dp)  # the largest share
+        assert setup.job.space.uneven_dp or sp.dp * sp.micro_batch * sp.grad_accum == seqs
         assert len(sp.replicas) == sp.dp
         for rep in sp.replicas:
             assert len(set(rep)) == sp.tp * sp.pp and set(rep) <= set(pool)
@@ -202,19 +211,56 @@ def test_frontier_holds_a_dominator_of_every_feasible_candidate(data: st.DataObj
             assert any(dominates(f, c) for f in front)
 
 
-def test_candidates_follow_the_plan_space_rules() -> None:
-    setup = llama_setup(4, global_batch=96)
+@pytest.mark.parametrize("space", [PlanSpace(), RUNTIME_PLAN_SPACE])
+def test_candidates_follow_the_plan_space_rules(space: PlanSpace) -> None:
+    base = llama_setup(4, global_batch=96)
+    setup = replace(base, job=replace(base.job, space=space))
     wf = setup.job.workflow
+    depths = pipeline_depths(32, space.pipeline)
+    assert set(depths) >= {1, 2, 4, 8, 16, 32}
+    assert (3 in depths) == (space.pipeline == "uneven")  # 11, 11, 10 layers
     for ms in wf.model_stages:
         cands = enumerate_candidates(setup, ms, 32)
         assert cands
         seqs = stage_sequences(setup, ms)
         for c in cands:
-            assert c.tp in (1, 2, 4, 8) and c.pp in (1, 2, 4, 8, 16, 32)
-            assert c.num_gpus <= 32 and c.dp * c.micro_batch * c.grad_accum == seqs
+            assert c.tp in (1, 2, 4, 8) and c.pp in depths
+            size = c.tp * c.pp
+            assert (size <= 8 and size & (size - 1) == 0) or size % 8 == 0
+            assert c.num_gpus <= 32 and c.micro_batch * c.grad_accum == -(-seqs // c.dp)
+            assert space.uneven_dp or c.dp * c.micro_batch * c.grad_accum == seqs
             assert c.recompute is False or ms.trainable
-        assert {c.dp for c in cands} >= {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}
+        dps = {c.dp for c in cands}
+        assert dps >= {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}
+        if space.uneven_dp:  # one degree per largest share: 5 replicas of ≤ 20 of 96, not 6
+            assert 5 in dps and 31 not in dps  # ⌈96/31⌉ = 4 = ⌈96/24⌉
+        else:
+            assert dps == {d for d in range(1, 33) if seqs % d == 0}
         assert any(c.recompute for c in cands) == ms.trainable
+
+
+@pytest.mark.parametrize("layers,pp", [(96, 12), (105, 35), (126, 16)])
+def test_planner_accepts_non_power_of_two_pipelines(layers: int, pp: int) -> None:
+    """Issue 20: pp 12 for a 96-layer model, pp 35 for a 105-layer one (and Megatron's uneven
+    16-stage split of 126 layers) are planned when memory allows, with the real layer counts."""
+    model = replace(LLAMA_3_1_8B, name=f"llama-{layers}", num_layers=layers, vocab_size=32000)
+    job = JobSpec(algorithm="ppo", mode="sync",
+                  models=(("actor", model), ("critic", model), ("reference", model)),
+                  global_batch=64, prompt_len=512, gen_len=512, reward_model=False)
+    setup = Setup(job, ClusterSpec(pp + 4, 8, H200))  # room for the concurrent critic-train
+    assert pp in pipeline_depths(layers, "uneven")
+    assert (pp in pipeline_depths(layers, "even")) == (layers % pp == 0)
+    res = search_plan(setup, CALIB, layouts={"actor-train": (8, pp)})
+    sp = res.plan.stage("actor-train")
+    assert (sp.tp, sp.pp) == (8, pp)
+    check_result(setup, setup.cluster.all_gpus(), res)
+    counts = stage_layer_counts(layers, pp)
+    assert sum(counts) == layers and max(counts) == -(-layers // pp)
+    ms = setup.job.workflow.by_name("actor-train")
+    ranks = [rank_memory(setup, ms, sp.candidate, CALIB, r) for r in range(pp)]
+    per_layer = LLAMA_3_1_8B.layer_params() // 8
+    for r, mb in enumerate(ranks):  # the weights follow the real layer counts
+        assert abs(mb.weights_bytes // 2 - counts[r] * per_layer) <= per_layer + 32000 * 4096 // 8
 
 
 def test_llama_8b_ppo_plans_and_matches_milp_at_64_gpus() -> None:

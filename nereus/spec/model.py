@@ -15,6 +15,42 @@ def state_bytes_per_param(dtype_bytes: int, trainable: bool) -> int:
     return dtype_bytes + (ADAM_FP32_BYTES_PER_PARAM if trainable else 0)
 
 
+def pipeline_split(num_layers: int, pp: int) -> tuple[int, int, int]:
+    """Layers of the first, of every middle and of the last pipeline stage of ``pp`` stages.
+
+    Megatron's split (``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``,
+    the middle stages even): when ``pp`` divides the layers every stage takes ``num_layers / pp``;
+    otherwise the middle stages take ``m = ⌈L/pp⌉`` and the first and last share the rest
+    ``r = L − (pp − 2)·m`` (first ``⌈r/2⌉``, last ``⌊r/2⌋``: the last stage also runs the output
+    head), so no stage has more than ``⌈L/pp⌉`` layers; where ``r < 2`` the middle stages take
+    ``⌊L/pp⌋`` instead. With ``pp == 2`` the first stage takes ``⌈L/2⌉``. With ``pp == 1`` all three
+    are ``L``. Requires ``1 <= pp <= num_layers``.
+    """
+    if not 1 <= pp <= num_layers:
+        raise ValueError(f"pp={pp} must be in [1, {num_layers}]")
+    if num_layers % pp == 0:
+        q = num_layers // pp
+        return q, q, q
+    if pp == 2:
+        first = -(-num_layers // 2)
+        return first, first, num_layers - first
+    mid = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * mid
+    if rest < 2:
+        mid = num_layers // pp
+        rest = num_layers - (pp - 2) * mid
+    first = -(-rest // 2)
+    return first, mid, rest - first
+
+
+def stage_layer_counts(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers of each of the ``pp`` pipeline stages (:func:`pipeline_split`)."""
+    first, mid, last = pipeline_split(num_layers, pp)
+    if pp == 1:
+        return (num_layers,)
+    return (first, *([mid] * (pp - 2)), last)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One decoder-only transformer architecture.
