@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
 
-from nereus.cost.memory import gpu_memory, memory_capacity_bytes, rank_memory
+from nereus.cost.latency import stage_latency
+from nereus.cost.memory import gpu_memory, memory_capacity_bytes, rank_memory, stage_memory
 from nereus.errors import ConfigError, InfeasiblePlanError
 from nereus.plan import dp
 from nereus.plan.assign import assign, placement_errors
@@ -18,6 +19,7 @@ from nereus.plan.candidates import (
     CostCache,
     dominates,
     enumerate_candidates,
+    frontier,
     pipeline_depths,
     stage_sequences,
 )
@@ -193,6 +195,21 @@ def test_results_are_deterministic(data: st.DataObject) -> None:
     assert search_plan(setup, CALIB, pool=pool, cache=cache) == a
     shuffled = tuple(reversed(pool))
     assert search_plan(setup, CALIB, pool=shuffled) == a
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_vectorized_frontier_equals_the_reference(data: st.DataObject) -> None:
+    """The array frontier (pre-pruning, chunks, prefix-minimum table) keeps exactly the records,
+    in the same order, that the plain pairwise ``frontier`` keeps."""
+    setup = data.draw(setups(max_nodes=4, gpus_per_node=(2, 4, 8), max_batch=64))
+    for ms in setup.job.workflow.model_stages:
+        table = CostCache().table(setup, ms, CALIB)
+        assert tuple(table.front) == frontier(table.feasible)
+        # every candidate the table holds is costed as the one-row scalar model costs it
+        for c in table.feasible[:: max(1, len(table.feasible) // 7)]:
+            assert c.latency == stage_latency(setup, ms, c.cand, CALIB)
+            assert c.memory == stage_memory(setup, ms, c.cand, CALIB)
 
 
 @settings(max_examples=25, deadline=None)

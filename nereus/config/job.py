@@ -8,13 +8,14 @@ from typing import Any
 
 from nereus.config import fields as f
 from nereus.errors import ConfigError
-from nereus.spec.job import ControllerSpec, JobSpec
+from nereus.spec.job import PIPELINE_SPLITS, ControllerSpec, JobSpec, PlanSpace
 from nereus.spec.model import ModelSpec
 from nereus.spec.workflow import ALGORITHMS, MODES
 
 JOB_KEYS = (
     "algorithm", "mode", "global_batch", "samples_per_prompt", "minibatches", "prompt_len",
-    "gen_len", "gen_len_p95", "reward_model", "actor_inf", "dtype_bytes",
+    "gen_len", "gen_len_p95", "reward_model", "actor_inf", "dtype_bytes", "flash_attention",
+    "distributed_optimizer", "pipeline_split", "uneven_dp",
 )
 DEFAULT_SAMPLES_PER_PROMPT = {"ppo": 1, "grpo": 8, "remax": 1}
 DTYPE_BYTES = (2, 4)  # bf16/fp16, fp32
@@ -35,6 +36,10 @@ class JobFields:
     reward_model: bool = True
     actor_inf: bool = False
     dtype_bytes: int = 2
+    flash_attention: bool = True
+    distributed_optimizer: bool = False
+    pipeline_split: str = "uneven"
+    uneven_dp: bool = True
 
 
 def _dtype_bytes(path: str, value: Any) -> int:
@@ -55,6 +60,10 @@ _JOB_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "reward_model": f.boolean,
     "actor_inf": f.boolean,
     "dtype_bytes": _dtype_bytes,
+    "flash_attention": f.boolean,
+    "distributed_optimizer": f.boolean,
+    "pipeline_split": lambda p, v: f.choice(p, v, PIPELINE_SPLITS),
+    "uneven_dp": f.boolean,
 }
 
 
@@ -137,4 +146,7 @@ def build_job(
         reward_model=job.reward_model,
         actor_inf=job.actor_inf,
         controller=controller,
+        space=PlanSpace(pipeline=job.pipeline_split, uneven_dp=job.uneven_dp),
+        flash_attention=job.flash_attention,
+        distributed_optimizer=job.distributed_optimizer,
     )

@@ -39,7 +39,7 @@ from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.job import Setup
+from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
@@ -164,8 +164,13 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
 def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | None = None,
                   steps: int | None = None) -> tuple[RunConfig, Setup]:
     """Check the ``runtime:`` section (CLI values override it); returns it and the setup on the
-    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node)."""
+    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node), with
+    the runtime's plan space (``RUNTIME_PLAN_SPACE``: pp divides the layers, dp the batch)."""
     raw = f.mapping("runtime", raw or {}, KEYS)
+    if setup.job.distributed_optimizer:
+        raise ConfigError("job.distributed_optimizer", True,
+                          "nereus run keeps every replica's whole optimizer state (DESIGN.md §2.2); "
+                          "the distributed optimizer is for nereus plan and simulate")
     cl = setup.cluster
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
     where = "--ranks" if ranks is not None else "runtime.ranks"
@@ -183,7 +188,9 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     if "memory_per_rank_gb" in raw:
         mem_gb = f.positive_float("runtime.memory_per_rank_gb", raw["memory_per_rank_gb"])
         cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)))
-    setup = replace(setup, cluster=cluster)
+    # The runtime executes pipelines of equal stages and DP degrees that divide the batch (its
+    # Megatron stage models and even batch split): its planner searches that space only.
+    setup = replace(setup, cluster=cluster, job=replace(setup.job, space=RUNTIME_PLAN_SPACE))
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps))
     # Events are checked against the config's own steps and cluster; a run made shorter or

@@ -170,6 +170,8 @@ def sum_max_linear_arrays(
 
 def _allreduce(r: _Rates, nbytes: np.ndarray, members: np.ndarray, inter: np.ndarray | bool
                ) -> np.ndarray:
+    lat: float | np.ndarray
+    bps: float | np.ndarray
     if isinstance(inter, bool):
         lat, bps = r.lat_s[int(inter)], r.ar_bps[int(inter)]
     else:

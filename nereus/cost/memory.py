@@ -162,7 +162,7 @@ def _parts(ctx: StageContext, ca: CandidateArrays) -> tuple[np.ndarray, ...]:
 
 def _rank(
     ctx: StageContext, ca: CandidateArrays, parts: tuple[np.ndarray, ...], pp_rank: np.ndarray,
-    layers: np.ndarray, params: np.ndarray, last: np.ndarray, workspace: int, factor: float,
+    layers: np.ndarray, params: np.ndarray, last: np.ndarray | bool, workspace: int, factor: float,
 ) -> MemoryArrays:
     per_layer, checkpoint, logits, kv_layer = parts
     weights = ctx.dtype_bytes * params
@@ -182,9 +182,9 @@ def _rank(
         kv = kv_layer * layers
         activations = per_layer + np.where(last, logits, 0)
     ws = np.full(params.shape, workspace, dtype=np.int64)
-    cols = (weights, grads, optimizer, activations, kv, ws)
+    cols: list[np.ndarray] = [weights, grads, optimizer, activations, kv, ws]
     if factor != 1.0:
-        cols = tuple(np.round(x * factor).astype(np.int64) for x in cols)
+        cols = [np.round(x * factor).astype(np.int64) for x in cols]
     return MemoryArrays(*cols)
 
 

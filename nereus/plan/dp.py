@@ -13,7 +13,7 @@ leave. Ties are broken by frontier indices, so the result is deterministic.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from nereus.plan.candidates import Costed, StageTable, demand_of
 from nereus.plan.problem import Problem
@@ -257,7 +257,7 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
 def _solve_within(
     problem: Problem,
     pts: dict[str, Sequence[Point]],
-    fronts: dict[str, Sequence[Costed]],
+    fronts: Mapping[str, Sequence[Costed]],
     lbs: list[list[float]],
     limit: float,
 ) -> dict[str, Costed] | None:

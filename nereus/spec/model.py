@@ -155,6 +155,12 @@ QWEN3_32B = ModelSpec(
     num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936, qk_norm=True,
     max_seq_len=40960,
 )
+# Qwen/Qwen2.5-0.5B config.json (the model of the verl step logs in shared/data/verl-logs).
+QWEN2_5_0_5B = ModelSpec(
+    name="qwen2.5-0.5b", num_layers=24, hidden_size=896, ffn_hidden_size=4864,
+    num_attention_heads=14, num_kv_heads=2, vocab_size=151936, tie_embeddings=True,
+    max_seq_len=32768,
+)
 # Small models that run on CPU ranks under gloo (character-level vocabulary).
 TINY_GPT = ModelSpec(
     name="tiny-gpt", num_layers=4, hidden_size=64, ffn_hidden_size=256,
@@ -175,5 +181,6 @@ MEDIUM_GPT = ModelSpec(
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
-    for m in (LLAMA_3_1_8B, LLAMA_3_3_70B, QWEN3_14B, QWEN3_32B, TINY_GPT, SMALL_GPT, MEDIUM_GPT)
+    for m in (LLAMA_3_1_8B, LLAMA_3_3_70B, QWEN3_14B, QWEN3_32B, QWEN2_5_0_5B, TINY_GPT,
+              SMALL_GPT, MEDIUM_GPT)
 }
