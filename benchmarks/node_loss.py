@@ -5,8 +5,9 @@ run of ``benchmarks/policies.py``) of 1,024 tokens, 2,048 generated tokens (p95 
 nodes of 8 GPUs. The GPU trace drops one node
 (1,024 → 1,016 GPUs) after the run's first steps. The simulator runs the nereus policy (the
 controller plans, the transition is planned and paid for); true step times come from the shape
-truth (``nereus.sim.shape_truth``, noise and stragglers on) and calibration learns from measured
-stage times. Throughput = prompts per second of step time over the steps before and the steps
+truth (``nereus.sim.shape_truth``; ``--noisy``: with its noise and stragglers, whose step-to-step
+spread, ±10% at a 2% straggler chance per replica over 100+ replicas, needs many steps to average
+out) and calibration learns from measured stage times. Throughput = prompts per second of step time over the steps before and the steps
 after the loss (transitions excluded from both; their cost is printed). Two plan spaces, same
 run otherwise:
 
@@ -14,8 +15,9 @@ run otherwise:
 - ``runtime``: DP degrees dividing the batch and pipelines of equal stages (what the runtime
   executes; before issue 20 the only space).
 
-Also printed: each model-stage's replicas before and after. Target: losing one node of 128 costs
-at most 3% of the throughput, and no model-stage's replicas halve.
+Also printed: each model-stage's (dp, tp, pp) before and after, and which model-stages were left
+with half their GPUs or fewer. Target: losing one node of 128 costs at most 3% of the
+throughput, and no model-stage's replicas halve.
 
     python benchmarks/node_loss.py [--json] [--steps N]
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from typing import Any
 
@@ -38,14 +41,14 @@ from nereus.spec.model import LLAMA_3_1_8B
 NODES, GPN = 128, 8
 
 
-def run(space: PlanSpace, steps: int, seed: int, prompts: int) -> dict[str, Any]:
+def run(space: PlanSpace, steps: int, seed: int, prompts: int, noisy: bool) -> dict[str, Any]:
     m = LLAMA_3_1_8B
     job = JobSpec("ppo", "sync", (("actor", m), ("critic", m), ("reference", m)),
                   global_batch=prompts, prompt_len=1024, gen_len=2048, gen_len_p95=2458,
                   reward_model=False, space=space)
     setup = Setup(job, ClusterSpec(NODES, GPN, H200))
     lengths = LengthTrace((LengthPoint(0, 2048.0, 2458.0),))
-    truth = ShapeTruth(seed=seed)
+    truth = ShapeTruth(seed=seed) if noisy else ShapeTruth(noise_rel=0.0, straggler_p=0.0, seed=seed)
     # a first pass finds when the (steps // 2)-th step starts; the node leaves right after it
     probe = simulate(setup, GpuTrace((0.0,), (NODES * GPN,)), lengths,
                      SimConfig(steps=steps // 2 + 1, seed=seed), truth, default_calibration())
@@ -71,13 +74,14 @@ def run(space: PlanSpace, steps: int, seed: int, prompts: int) -> dict[str, Any]
 
     rb, ra = replicas(before), replicas(after)
     return {
-        "space": "uneven" if space.uneven_dp else "runtime", "prompts": prompts,
+        "space": "uneven" if space.uneven_dp else "runtime", "prompts": prompts, "noisy": noisy,
         "steps_before": len(b), "steps_after": len(a),
         "throughput_before": tput_before, "throughput_after": tput_after,
         "loss_pct": 100.0 * (1.0 - tput_after / tput_before),
         "transition_s": sum(r.transition_s for r in after[:1]),
         "plan_before": rb, "plan_after": ra,
-        "halved": sorted(n for n in rb if ra[n][0] * 2 <= rb[n][0]),
+        # a model-stage left with half its GPUs or fewer (same-size replicas halved, or fewer)
+        "halved": sorted(n for n in rb if 2 * math.prod(ra[n]) <= math.prod(rb[n])),
     }
 
 
@@ -87,10 +91,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=1024)
+    ap.add_argument("--noisy", action="store_true", help="the truth's noise and stragglers on")
     args = ap.parse_args()
     load = os.getloadavg()[0]
-    rows = [run(PlanSpace(), args.steps, args.seed, args.prompts),
-            run(RUNTIME_PLAN_SPACE, args.steps, args.seed, args.prompts)]
+    rows = [run(PlanSpace(), args.steps, args.seed, args.prompts, args.noisy),
+            run(RUNTIME_PLAN_SPACE, args.steps, args.seed, args.prompts, args.noisy)]
     if args.json:
         print(json.dumps({"rows": rows, "load_avg_1min": load}))
         return 0

@@ -492,11 +492,11 @@ def frontier_indices(rows: _Rows) -> np.ndarray:
     n = len(rows)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    a = rows.arrays
     lat, g, blk, per, pk = (rows.latency.total_s, rows.num_gpus, rows.block, rows.persistent,
                             rows.peak)
-    order = np.lexsort((a.recompute, a.grad_accum, a.micro_batch, a.dp, a.pp, a.tp, pk, per, blk,
-                        g, lat))
+    # rows are in enumeration order, which is the key order (tp, pp, dp, b, a, rc): the row index
+    # breaks the remaining ties
+    order = np.lexsort((np.arange(n), pk, per, blk, g, lat))
     per_rank = np.unique(per, return_inverse=True)[1].reshape(-1).astype(np.int64)
     grp = ((g * 1024 + blk) * (n + 1) + per_rank)[order]
     order = order[_segment_prune(grp, pk[order])]
