@@ -36,6 +36,7 @@ from nereus.spec.model import (
     TINY_GPT,
     stage_layer_counts,
 )
+from nereus.spec.plan import Candidate
 from nereus.spec.workflow import Workflow
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,7 +54,11 @@ def check_result(setup: Setup, pool: tuple[int, ...], res: PlanResult) -> None:
     for sp in res.plan.stages:
         ms = wf.by_name(sp.name)
         seqs = stage_sequences(setup, ms)
-        assert sp.micro_batch * sp.grad_accum == -(-seqs // sp.dp)  # the largest share
+        share = -(-seqs // sp.dp)  # the largest share
+        if ms.kind == "generate" and setup.job.space.uneven_dp:  # the last round may be partial
+            assert sp.micro_batch * (sp.grad_accum - 1) < share <= sp.micro_batch * sp.grad_accum
+        else:
+            assert sp.micro_batch * sp.grad_accum == share
         assert setup.job.space.uneven_dp or sp.dp * sp.micro_batch * sp.grad_accum == seqs
         assert len(sp.replicas) == sp.dp
         for rep in sp.replicas:
@@ -244,7 +249,12 @@ def test_candidates_follow_the_plan_space_rules(space: PlanSpace) -> None:
             assert c.tp in (1, 2, 4, 8) and c.pp in depths
             size = c.tp * c.pp
             assert (size <= 8 and size & (size - 1) == 0) or size % 8 == 0
-            assert c.num_gpus <= 32 and c.micro_batch * c.grad_accum == -(-seqs // c.dp)
+            share = -(-seqs // c.dp)
+            assert c.num_gpus <= 32
+            if ms.kind == "generate" and space.uneven_dp:  # rounds of b, the last one partial
+                assert c.micro_batch * (c.grad_accum - 1) < share <= c.micro_batch * c.grad_accum
+            else:
+                assert c.micro_batch * c.grad_accum == share
             assert space.uneven_dp or c.dp * c.micro_batch * c.grad_accum == seqs
             assert c.recompute is False or ms.trainable
         dps = {c.dp for c in cands}
@@ -394,3 +404,26 @@ def test_pinned_layouts_are_kept() -> None:
     assert (res.plan.stage("actor-gen").tp, res.plan.stage("actor-gen").pp) == (2, 1)
     free = search_plan(setup, CALIB)
     assert free.predicted_step_s <= res.predicted_step_s
+
+
+def test_generation_rounds_follow_the_kv_capacity_in_the_uneven_space() -> None:
+    """12 prompts per replica: the uneven space also decodes 8 at a time (2 rounds, the second
+    partial) where the KV cache of 12 may not fit; the runtime's space keeps divisors."""
+    base = llama_setup(1, global_batch=96)
+    ms = base.job.workflow.by_name("actor-gen")
+    for space, want in ((PlanSpace(), {1, 2, 4, 8, 12}), (RUNTIME_PLAN_SPACE, {1, 2, 4, 12})):
+        setup = replace(base, job=replace(base.job, space=space))
+        got = {(c.micro_batch, c.grad_accum) for c in enumerate_candidates(setup, ms, 8)
+               if (c.tp, c.pp, c.dp) == (1, 1, 8)}
+        assert {b for b, _ in got} == want
+        assert all(a == -(-12 // b) for b, a in got)
+    uneven = replace(base, job=replace(base.job, space=PlanSpace()))
+    eight, twelve = Candidate(ms.name, 1, 1, 8, 8, 2), Candidate(ms.name, 1, 1, 8, 12, 1)
+    mem8 = stage_memory(uneven, ms, eight, CALIB).kv_cache_bytes
+    assert mem8 * 12 == stage_memory(uneven, ms, twelve, CALIB).kv_cache_bytes * 8
+    # two rounds of 8 cost more than one of 12 (memory-bound decode: weights read per round)
+    assert stage_latency(uneven, ms, eight, CALIB).total_s > stage_latency(uneven, ms, twelve, CALIB).total_s
+    for setup, bad in ((uneven, Candidate(ms.name, 1, 1, 8, 8, 1)),  # 8 < 12: does not cover
+                       (replace(base, job=replace(base.job, space=RUNTIME_PLAN_SPACE)), eight)):
+        with pytest.raises(ConfigError):
+            stage_latency(setup, ms, bad, CALIB)

@@ -16,7 +16,9 @@ Assumptions shared by the latency and memory models:
   an update; generation and inference process all ``n`` sequences of the step. Each of the
   ``dp`` replicas takes a share of them: ``n / dp`` when dp divides n, else (``PlanSpace.
   uneven_dp``) ``⌈n/dp⌉`` or ``⌊n/dp⌋``; a candidate's ``micro_batch · grad_accum`` is the
-  largest share, which sets its time and memory (the slowest replica).
+  largest share, which sets its time and memory (the slowest replica). Generation in the uneven
+  space decodes ``micro_batch`` sequences at once in ``grad_accum`` rounds covering the share,
+  the last round possibly partial (costed as a full one).
 """
 
 from __future__ import annotations
@@ -242,12 +244,15 @@ def check_candidate(ctx: StageContext, cand: Candidate) -> None:
             dp * b * ga,
             f"must equal the {ctx.per_update} sequences per {per}",
         )
-    if b * ga != largest_share(ctx.per_update, dp) or dp > ctx.per_update:
+    share = largest_share(ctx.per_update, dp)
+    # generation in the uneven space may end on a partial round (b concurrent sequences)
+    partial = ctx.kind == "generate" and ctx.space.uneven_dp and b * (ga - 1) < share <= b * ga
+    if (b * ga != share and not partial) or dp > ctx.per_update:
         raise ConfigError(
             f"{cand.name}.micro_batch*grad_accum",
             b * ga,
             f"must equal the largest share ⌈{ctx.per_update}/dp⌉ of the sequences per {per} "
-            f"(dp ≤ {ctx.per_update})",
+            f"(dp ≤ {ctx.per_update}; generation: rounds of micro_batch covering it)",
         )
 
 

@@ -14,7 +14,10 @@ The plan space of a model-stage M on a pool of GPUs (``cluster.gpus_per_node`` p
   M (per optimizer update for training, ``job.sequences_per_update``; per step otherwise), or
   with ``uneven_dp`` the smallest degree of each largest share ``⌈n/dp⌉``;
 - ``b`` from a small set: the powers of two dividing the largest share up to
-  ``MICRO_BATCH_CAP[kind]``, plus the share itself when under the cap; ``b·a`` = the share;
+  ``MICRO_BATCH_CAP[kind]``, plus the share itself when under the cap; ``b·a`` = the share.
+  Generation in the uneven space also takes every power of two below the share: decode runs
+  ``b`` sequences at once (the concurrency the KV cache allows), ``a = ⌈share/b⌉`` rounds, the
+  last one partial (costed as a full round);
 - for training also full activation recomputation on and off.
 
 Every candidate is costed once per (setup, calibration) on the whole cluster (``CostCache``),
@@ -145,9 +148,14 @@ def stage_sequences(setup: Setup, ms: ModelStage) -> int:
     return setup.job.sequences(ms.sequences_per_prompt)
 
 
-def micro_batches(per_replica: int, kind: str) -> tuple[int, ...]:
+def micro_batches(per_replica: int, kind: str, partial_rounds: bool = False) -> tuple[int, ...]:
+    """Micro-batch sizes tried for a replica of ``per_replica`` sequences: powers of two that
+    divide it, up to the kind's cap, and the whole share when under the cap. With
+    ``partial_rounds`` (generation in the uneven space) every power of two up to the share: a
+    round of ``b`` concurrently decoded sequences as the KV cache allows, the last one partial."""
     cap = MICRO_BATCH_CAP.get(kind, 16)
-    bs = [b for b in powers_of_two(min(per_replica, cap)) if per_replica % b == 0]
+    bs = [b for b in powers_of_two(min(per_replica, cap))
+          if partial_rounds or per_replica % b == 0]
     if per_replica <= cap and per_replica not in bs:
         bs.append(per_replica)
     return tuple(bs)
@@ -237,13 +245,14 @@ def _enumeration(
 ) -> Enumeration:
     rows: list[tuple[int, int, int, int, int, int]] = []
     rcs = (0, 1) if trainable else (0,)
+    partial_rounds = kind == "generate" and uneven_dp
     if seqs > 0:
         for tp, pp in _layouts(layers, heads, kv_heads, gpn, pool_size, pipeline):
             for dp in dp_degrees(seqs, pool_size // (tp * pp), uneven_dp):
                 share = -(-seqs // dp)
-                for b in micro_batches(share, kind):
+                for b in micro_batches(share, kind, partial_rounds):
                     for rc in rcs:
-                        rows.append((tp, pp, dp, b, share // b, rc))
+                        rows.append((tp, pp, dp, b, -(-share // b), rc))
     table = np.array(rows, dtype=np.int64).reshape(-1, 6)
     arrays = CandidateArrays(
         table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), table[:, 3].copy(),
