@@ -15,13 +15,23 @@ Assumptions, stated once:
   so boundary ``i → i+1`` crosses nodes when GPU ``(i + 1) · tp`` of the replica starts a node.
 - DP: ring all-reduce of the gradient shard, ``2 (d − 1)/d · bytes · params/(t·p)``, over the
   inter-node link when the ``dp · tp · pp`` GPUs span nodes, else intra-node; ``DP_OVERLAP`` of it
-  hides behind the backward pass. The Adam step streams ``24 + 2 · bytes`` bytes per parameter
-  through HBM at the copy efficiency.
+  hides behind the backward pass (with the distributed optimizer the same bytes move as a
+  reduce-scatter plus an all-gather). The Adam step streams ``24 + 2 · bytes`` bytes per
+  parameter through HBM at the copy efficiency, over ``1/dp`` of the shard with the distributed
+  optimizer.
+- Pipeline stages hold the layers of ``nereus.spec.model.pipeline_split`` (uneven when ``pp``
+  does not divide them); the first, a middle and the last stage are costed, the slowest sets
+  ``max τ``.
 - Generation: prefill is compute-bound over the prompt; each of the ``gen_len`` (mean) decode
   steps costs the larger of the memory time (weights of the stage + KV cache of the batch over
   HBM at decode-memory efficiency) and the compute time, plus TP all-reduces and PP sends of one
   token's hidden states (latency-dominated).
-- All replicas are identical on a homogeneous cluster, so the slowest replica is any replica.
+- Replicas are identical on a homogeneous cluster but for their share of the sequences: the
+  slowest is one with the largest share (``micro_batch · grad_accum``), which the candidate
+  describes.
+
+All of it is evaluated over arrays of candidates (``latency_arrays``); ``stage_latency`` is the
+one-row case.
 """
 
 from __future__ import annotations

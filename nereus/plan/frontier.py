@@ -52,11 +52,11 @@ def frontier_indices(
     A row is dominated iff some row earlier in the order (latency, GPUs, block, persistent, peak,
     key) is no worse in all five criteria; dominance is transitive, so earlier rows need not be
     kept ones. Rows that share (GPUs, block, persistent) are first pruned on peak alone (a
-    running minimum). The rest go in chunks of ``FRONTIER_CHUNK`` in order: a row is checked
-    pairwise against the earlier rows of its chunk and, for the rows of earlier chunks, against
-    ``M[c, k]``, the smallest peak of an earlier row of class ``c`` = (block, persistent) with
-    GPU-count rank ≤ k (a prefix minimum over GPU ranks), over the classes no larger than its
-    own.
+    running minimum). The rest are cut into chunks (at most ``FRONTIER_CHUNK`` rows) in order:
+    a row is checked pairwise against the earlier rows of its chunk and, for the rows of earlier
+    chunks, against ``M[c, k]``, the smallest peak of an earlier chunk's row of class ``c`` =
+    (block, persistent) with GPU-count rank ≤ k (prefix minima over GPU ranks and chunks), over
+    the classes no larger than its own. Every chunk at once: a fixed number of array operations.
     """
     n = len(lat)
     if n == 0:
@@ -80,26 +80,28 @@ def frontier_indices(
     rank = rank.reshape(-1)
     big = np.iinfo(np.int64).max
     n_cls, n_rank = len(class_keys), int(rank.max()) + 1
-    least = np.full((n_cls, n_rank), big, dtype=np.int64)
-    dominated = np.zeros(m, dtype=bool)
-    # chunk size balancing the pairwise check (chunk²) against the update of M (classes × ranks)
-    chunk = int(min(FRONTIER_CHUNK, max(FRONTIER_CHUNK // 2, (n_cls * n_rank) ** 0.5)))
+    # chunk size balancing the pairwise check (chunk²) against the tables (classes × ranks)
+    chunk = int(min(FRONTIER_CHUNK, max(16, (n_cls * n_rank) ** 0.5)))
+    n_chunks = -(-m // chunk)
+    part = np.arange(m) // chunk
+    # M[k, c, r]: the smallest peak of a row of chunk k, class c, GPU rank <= r; accumulated over
+    # chunks, the table each chunk is checked against is that of the chunks before it
+    table = np.full((n_chunks + 1, n_cls, n_rank), big, dtype=np.int64)
+    np.minimum.at(table, (part + 1, cls, rank), T)
+    np.minimum.accumulate(table, axis=2, out=table)
+    np.minimum.accumulate(table, axis=0, out=table)
+    earlier = table[part, :, rank]  # (rows, classes): the chunks before each row's, best peaks
+    dominated = ((earlier <= T[:, None]) & le[cls]).any(axis=1)
+    # within a chunk: every earlier row of the chunk, pairwise (rows padded to whole chunks)
+    pad = n_chunks * chunk - m
+    idx = np.concatenate([np.arange(m), np.full(pad, m - 1)]).reshape(n_chunks, chunk)
+    valid = (np.arange(n_chunks * chunk) < m).reshape(n_chunks, chunk)
+    Lc, Gc, Tc, Cc = L[idx], G[idx], T[idx], cls[idx]
     tri = np.tri(chunk, chunk, -1, dtype=bool)  # [i, j]: j before i
-    for lo in range(0, m, chunk):
-        hi = min(m, lo + chunk)
-        cb, rb, tb = cls[lo:hi], rank[lo:hi], T[lo:hi]
-        if lo:
-            before = (least[:, rb] <= tb[None, :]) & le[cb].T
-            dominated[lo:hi] = before.any(axis=0)
-        k = hi - lo
-        le_pair = (le[cb[:, None], cb[None, :]] & (L[None, lo:hi] <= L[lo:hi, None])
-                   & (G[None, lo:hi] <= G[lo:hi, None]) & (tb[None, :] <= tb[:, None])
-                   & tri[:k, :k])
-        dominated[lo:hi] |= le_pair.any(axis=1)
-        if hi < m:
-            add = np.full((n_cls, n_rank), big, dtype=np.int64)
-            np.minimum.at(add, (cb, rb), tb)
-            np.minimum(least, np.minimum.accumulate(add, axis=1), out=least)
+    pair = (le[Cc[:, :, None], Cc[:, None, :]] & (Lc[:, None, :] <= Lc[:, :, None])
+            & (Gc[:, None, :] <= Gc[:, :, None]) & (Tc[:, None, :] <= Tc[:, :, None])
+            & tri[None] & valid[:, None, :])
+    dominated |= pair.any(axis=2).reshape(-1)[:m]
     return order[~dominated]
 
 
