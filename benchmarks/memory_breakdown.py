@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from nereus.cost.calibration import default_calibration
 from nereus.cost.memory import MemoryBreakdown, memory_capacity_bytes, rank_memory, stage_memory
-from nereus.cost.workload import workload
 from nereus.spec.hardware import A100_64GB, ClusterSpec
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import LLAMA_3_1_8B
@@ -34,35 +32,27 @@ GLOBAL_BATCH = 64
 MICRO_BATCH = 1
 
 
-def _setup(gen_len: int) -> Setup:
+def _setup(gen_len: int, flash: bool, dist_opt: bool = False) -> Setup:
     job = JobSpec(
         algorithm="ppo", mode="sync",
         models=tuple((r, LLAMA_3_1_8B) for r in ("actor", "critic", "reward", "reference")),
         global_batch=GLOBAL_BATCH, prompt_len=PROMPT_LEN, gen_len=gen_len,
+        flash_attention=flash, distributed_optimizer=dist_opt,
     )
     return Setup(job, ClusterSpec(2, 8, A100_64GB))
 
 
-def _scores_bytes(setup: Setup, c: Candidate, pp_rank: int) -> int:
-    """The ``5·a·s²·b/t`` part of the no-recompute activations held on ``pp_rank``."""
-    ms = setup.job.workflow.by_name("actor-train")
-    w = workload(setup, ms, c)
-    st = w.stage(pp_rank)
-    s, m = w.max_seq_len, w.model
-    per_layer = math.ceil(s * c.micro_batch * 5 * m.num_attention_heads * s / c.tp)
-    held = 0 if c.recompute else st.num_layers * min(c.pp - pp_rank, c.grad_accum)
-    return per_layer * held
-
-
 def rows(
-    recompute: bool, flash: bool, micro_batch: int = MICRO_BATCH, fp32_grads: bool = False
+    recompute: bool, flash: bool, micro_batch: int = MICRO_BATCH, fp32_grads: bool = False,
+    dist_opt: bool = False,
 ) -> list[dict[str, object]]:
-    """One row per (gen length, layout); ``flash`` and ``fp32_grads`` are what-if variants
-    computed here, not options of the planner's model."""
+    """One row per (gen length, layout); ``flash`` and ``dist_opt`` are options of the planner's
+    model (``job.flash_attention``, ``job.distributed_optimizer``), ``fp32_grads`` a what-if
+    computed here."""
     calib = default_calibration()
     out: list[dict[str, object]] = []
     for gen in GEN_LENS:
-        setup = _setup(gen)
+        setup = _setup(gen, flash, dist_opt)
         ms = setup.job.workflow.by_name("actor-train")
         cap = memory_capacity_bytes(setup)
         for dp, tp, pp in LAYOUTS:
@@ -72,15 +62,14 @@ def rows(
             best_rank = 0
             for r in range(pp):
                 b = rank_memory(setup, ms, c, calib, r)
-                act = b.activations_bytes - (_scores_bytes(setup, c, r) if flash else 0)
                 grads = 2 * b.grads_bytes if fp32_grads else b.grads_bytes
-                b = MemoryBreakdown(b.weights_bytes, grads, b.optimizer_bytes, act,
+                b = MemoryBreakdown(b.weights_bytes, grads, b.optimizer_bytes, b.activations_bytes,
                                     b.kv_cache_bytes, b.workspace_bytes)
                 if best is None or b.peak_bytes > best.peak_bytes:
                     best, best_rank = b, r
             assert best is not None
             mb = best
-            if not (flash or fp32_grads):  # the planner's own number
+            if not fp32_grads:  # the planner's own number
                 assert mb == stage_memory(setup, ms, c, calib)
             out.append({
                 "layout": f"({dp},{tp},{pp})", "micro_batch": micro_batch,
@@ -113,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     variants = {
-        "no recompute, DESIGN formula s·b·h·(34 + 5·a·s/h)/t": rows(False, False),
-        "no recompute, without the 5·a·s/h score term (flash attention)": rows(False, True),
+        "no recompute, DESIGN formula s·b·h·(34 + 5·a·s/h)/t (flash_attention: false)":
+            rows(False, False),
+        "no recompute, without the 5·a·s/h score term (flash attention, the default)":
+            rows(False, True),
         "full recompute": rows(True, False),
+        "flash attention and the distributed optimizer (Adam state over dp = 4)":
+            rows(False, True, dist_opt=True),
         "what-if: micro-batch 2, no score term, fp32 gradients": rows(False, True, 2, True),
     }
     if args.json:

@@ -10,7 +10,11 @@ critic-train; rule-based reward), synchronous, global batch 512 prompts of 1,024
   the frontiers to the pool, the DP, node-aware assignment and the full per-GPU memory check.
 - ``cold_ms``: the same search after a new length signal (a different generated length on every
   repeat, so neither our cache nor the cost model's memo tables hold anything for it): every
-  candidate of every model-stage is costed (memory, then latency if it fits).
+  candidate of every model-stage is costed (vectorized, memory and latency), then the search.
+- ``recost_ms``: the re-costing alone in such a replan: every model-stage's table (all candidates
+  costed, the frontier) for a new generated length; ``recalib_ms`` the same for a new
+  calibration (one more GEMM sample) at the same lengths. Issue 20's targets: 5 ms at 32 GPUs,
+  50 ms at 1,024.
 - ``peak_mb``: tracemalloc peak of one cold search (the larger of the two).
 - ``milp_ms``: the MILP reference (HiGHS via scipy, imported before timing) over every feasible
   candidate, with the same warm cost tables, including building the model and the same
@@ -31,11 +35,11 @@ import time
 import tracemalloc
 from typing import Any
 
-from nereus.cost.calibration import default_calibration
-from nereus.plan.candidates import CostCache
+from nereus.cost.calibration import Calibration, default_calibration
+from nereus.plan.candidates import CostCache, build_table
 from nereus.plan.exhaustive import SearchLimitError
 from nereus.plan.search import search_plan
-from nereus.spec.hardware import H200, ClusterSpec
+from nereus.spec.hardware import H200, ClusterSpec, OpClass
 from nereus.spec.job import JobSpec, Setup
 from nereus.spec.model import LLAMA_3_1_8B
 
@@ -75,6 +79,18 @@ def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
     cold_ms, cold_cpu_ms = _median_ms(
         lambda i: search_plan(setup_for(gpus, 2049 + i), calib), cold_repeats
     )
+
+    def recost(s: Setup, c: Calibration) -> None:
+        for ms in s.job.workflow.model_stages:
+            build_table(s, ms, c)
+
+    recost_ms, recost_cpu_ms = _median_ms(
+        lambda i: recost(setup_for(gpus, 3049 + i), calib), repeats
+    )
+    recalib_ms, recalib_cpu_ms = _median_ms(
+        lambda i: recost(setup, calib.with_time_sample(H200, OpClass.GEMM, 1.0, 1.5 + 0.01 * i, 0.5)),
+        repeats,
+    )
     tracemalloc.start()
     search_plan(setup_for(gpus, 2048 + cold_repeats + 1), calib)
     _, peak_bytes = tracemalloc.get_traced_memory()
@@ -95,6 +111,10 @@ def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
         "ours_cpu_ms": ours_cpu_ms,
         "cold_ms": cold_ms,
         "cold_cpu_ms": cold_cpu_ms,
+        "recost_ms": recost_ms,
+        "recost_cpu_ms": recost_cpu_ms,
+        "recalib_ms": recalib_ms,
+        "recalib_cpu_ms": recalib_cpu_ms,
         "milp_ms": milp_ms,
         "gap_pct": (ours.predicted_step_s - ref) / ref * 100.0,
         "gap_ref": ref_name,
@@ -123,11 +143,14 @@ def main() -> int:
         return 0
     print("Llama-3.1-8B PPO (5 model-stages), H200, 8 GPUs/node; medians; wall and CPU ms")
     print(f"{'GPUs':>5} {'ours ms':>9} {'ours cpu':>9} {'cold ms':>9} {'cold cpu':>9} "
+          f"{'recost':>8} {'rc cpu':>8} {'recalib':>8} {'rcl cpu':>8} "
           f"{'MILP ms':>9} {'MILP/ours':>10} {'gap %':>7} {'vs':>10} {'peak MB':>8} "
           f"{'step s':>8} {'cands':>6}")
     for r in rows:
         print(f"{r['gpus']:>5} {r['ours_ms']:>9.2f} {r['ours_cpu_ms']:>9.2f} {r['cold_ms']:>9.1f} "
-              f"{r['cold_cpu_ms']:>9.1f} {r['milp_ms']:>9.1f} {r['milp_ms'] / r['ours_ms']:>9.0f}x "
+              f"{r['cold_cpu_ms']:>9.1f} {r['recost_ms']:>8.1f} {r['recost_cpu_ms']:>8.1f} "
+              f"{r['recalib_ms']:>8.1f} {r['recalib_cpu_ms']:>8.1f} "
+              f"{r['milp_ms']:>9.1f} {r['milp_ms'] / r['ours_ms']:>9.0f}x "
               f"{r['gap_pct']:>7.3f} {r['gap_ref']:>10} {r['peak_mb']:>8.1f} {r['step_s']:>8.3f} "
               f"{r['candidates']:>6}")
     print(f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after (2 cores)")

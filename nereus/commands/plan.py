@@ -160,7 +160,7 @@ def _handler(args: argparse.Namespace) -> int:
 def add_job_flags(p: argparse.ArgumentParser) -> None:
     """The flags that override a config's job and cluster (shared with ``nereus simulate``)."""
     p.add_argument("--model", metavar="NAME", help="preset for actor, reference and (ppo) critic")
-    p.add_argument("--gpu", metavar="NAME", help="GPU preset (h200, a100-64gb, mi250x-gcd, cpu)")
+    p.add_argument("--gpu", metavar="NAME", help="GPU preset (h200, a100-64gb, a100-80gb, h100-80gb, mi250x-gcd, mi300x, cpu)")
     p.add_argument(
         "--gpus", type=int, metavar="N",
         help="GPUs to plan on: a multiple of --gpus-per-node, or fewer (part of one node)",

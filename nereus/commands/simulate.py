@@ -3,7 +3,9 @@
 Runs the real controller, planner and transition-DAG code over a virtual cluster whose GPU pool
 follows a trace (spot-trace or fault-trace JSON) and whose generated length follows a CSV trace
 (``step,mean,p95``) or a built-in paper trace (``paper:25-step``, ``paper:1000-step``). True step
-times come from the cost model with hidden efficiencies and noise, so calibration must learn them.
+times come from a truth of its own form (``--truth``: shape-dependent efficiency from the measured
+H200 op table, stragglers and noise by default; or replayed measured stage times), so calibration
+must learn them.
 Also takes ``nereus plan``'s model and cluster flags.
 """
 
@@ -38,7 +40,8 @@ def _progress(enabled: bool) -> Any:
     return tick
 
 
-def load_gpu_trace(path: str, gpus_per_trace_node: int, max_gpus: int, fault_nodes: int) -> Any:
+def load_gpu_trace(path: str, gpus_per_trace_node: int, max_gpus: int, fault_nodes: int,
+                   time_scale: float = 1.0) -> Any:
     from nereus.sim.traces import load_fault_trace, load_spot_trace
 
     try:
@@ -47,8 +50,29 @@ def load_gpu_trace(path: str, gpus_per_trace_node: int, max_gpus: int, fault_nod
     except OSError as exc:
         raise ConfigError("--gpu-trace", path, f"must be a readable file ({exc.strerror})") from None
     if head.startswith(b"["):
-        return load_fault_trace(path, fault_nodes, gpus_per_trace_node)
-    return load_spot_trace(path, gpus_per_trace_node, max_gpus)
+        return load_fault_trace(path, fault_nodes, gpus_per_trace_node, time_scale)
+    return load_spot_trace(path, gpus_per_trace_node, max_gpus, time_scale)
+
+
+def load_truth(spec: str, noise: float, seed: int, gpu: Any) -> tuple[Any, Any]:
+    """The truth named by ``--truth`` and, for a verl step log, the length trace it carries."""
+    from nereus.cost.calibration import default_calibration
+    from nereus.sim.shape_truth import ShapeTruth
+    from nereus.sim.truth import HiddenTruth, hidden_calibration
+
+    if spec == "shape":
+        return ShapeTruth(noise_rel=noise, seed=seed), None
+    if spec == "planner":
+        return HiddenTruth(hidden_calibration(default_calibration(), gpu, seed), noise, seed), None
+    if spec.startswith("replay:"):
+        from nereus.sim.replay import ReplayTruth, load_run_log, load_verl_steps
+
+        path = spec.split(":", 1)[1]
+        if path.endswith(".csv"):
+            measured, lengths = load_verl_steps(path)
+            return ReplayTruth(measured, ShapeTruth(noise_rel=noise, seed=seed)), lengths
+        return ReplayTruth(load_run_log(path), ShapeTruth(noise_rel=noise, seed=seed)), None
+    raise ConfigError("--truth", spec, "must be shape, planner or replay:FILE (.csv verl log, .h5 run log)")
 
 
 def load_lengths(spec: str) -> Any:
@@ -59,6 +83,16 @@ def load_lengths(spec: str) -> Any:
     return load_length_trace(spec)
 
 
+def trigger_name(triggers: tuple[str, ...], limit: int = 32) -> str:
+    """The triggers as one log name of at most ``limit`` characters: joined by commas, or the
+    first with the count of the others when that is too long."""
+    joined = ",".join(triggers)
+    if len(joined) <= limit:
+        return joined
+    more = f"+{len(triggers) - 1}"
+    return triggers[0][: limit - len(more)] + more
+
+
 def write_log(writer: Any, result: Any) -> None:
     """The simulated run as a run log: steps, admissions, transitions, pool changes."""
     last_pool = None
@@ -67,7 +101,7 @@ def write_log(writer: Any, result: Any) -> None:
             writer.log_event(r.step, "gpu-pool-change", {"from": last_pool, "to": r.pool_gpus}, time_s=r.clock_s)
         last_pool = r.pool_gpus
         if r.triggers:
-            writer.log_replan(r.step, ",".join(r.triggers), [], {"current_step_s": r.predicted_step_s}, {})
+            writer.log_replan(r.step, trigger_name(r.triggers), [], {"current_step_s": r.predicted_step_s}, {})
         if r.admission is not None and r.admission["path"] != "initial":
             a = r.admission
             writer.log_admission(r.step, a["admitted"], a["path"], a["reason"], a["delta_l_s"],
@@ -83,7 +117,7 @@ def _handler(args: argparse.Namespace) -> int:
     from nereus.commands.plan import build_setup
     from nereus.cost.calibration import default_calibration
     from nereus.sim.engine import SimConfig, simulate
-    from nereus.sim.truth import HiddenTruth, conservative_calibration, hidden_calibration
+    from nereus.sim.truth import conservative_calibration
 
     if args.gpus_per_trace_node <= 0:
         raise ConfigError("--gpus-per-trace-node", args.gpus_per_trace_node, "must be a positive integer")
@@ -91,11 +125,18 @@ def _handler(args: argparse.Namespace) -> int:
     max_gpus = args.max_gpus if args.max_gpus is not None else setup.cluster.num_gpus
     if max_gpus <= 0:
         raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
-    trace = load_gpu_trace(args.gpu_trace, args.gpus_per_trace_node, max_gpus, setup.cluster.nodes)
-    lengths = load_lengths(args.length_trace)
-    cfg = SimConfig(steps=args.steps, policy=args.policy, gamma=args.gamma, every_k=args.every_k, seed=args.seed)
+    trace = load_gpu_trace(args.gpu_trace, args.gpus_per_trace_node, max_gpus, setup.cluster.nodes,
+                           args.trace_time_scale)
+    cfg = SimConfig(steps=args.steps, policy=args.policy, gamma=args.gamma, every_k=args.every_k,
+                    seed=args.seed, samples=args.samples)
     gpu = setup.cluster.gpu
-    truth = HiddenTruth(hidden_calibration(default_calibration(), gpu, args.seed), args.noise, args.seed)
+    truth, logged_lengths = load_truth(args.truth, args.noise, args.seed, gpu)
+    if args.length_trace == "truth":
+        if logged_lengths is None:
+            raise ConfigError("--length-trace", "truth", "only a replayed verl step log carries lengths")
+        lengths = logged_lengths
+    else:
+        lengths = load_lengths(args.length_trace)
     if args.calibration:
         from nereus.log.calibration_store import load_calibration
 
@@ -124,7 +165,7 @@ def _handler(args: argparse.Namespace) -> int:
           f"(transitions included), total {result.total_s:.1f} s")
     print(f"transitions: {result.transitions}, {result.transition_s:.2f} s "
           f"({100 * result.transition_s / max(result.total_s, 1e-9):.3f}% of run time); "
-          f"waited {result.wait_s:.0f} s for GPUs")
+          f"waited {result.wait_s:.0f} s for GPUs; {result.pool_changes} pool changes in the run")
     for r in result.records:
         if r.event:
             print(f"  step {r.step:5d}  {r.pool_gpus:4d} GPUs  len {r.gen_len:7.1f}  "
@@ -134,14 +175,24 @@ def _handler(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     from nereus.commands.plan import add_job_flags
-    from nereus.sim.engine import POLICIES
+    from nereus.sim.engine import POLICIES, SAMPLES
 
     p = subparsers.add_parser("simulate", help="simulate an adaptive run over GPU and length traces")
     p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML job config")
     add_job_flags(p)
     p.add_argument("--gpu-trace", required=True, dest="gpu_trace", help="spot-trace or fault-trace JSON")
     p.add_argument("--length-trace", required=True, dest="length_trace",
-                   help="CSV step,mean,p95 or paper:25-step | paper:1000-step")
+                   help="CSV step,mean,p95 or paper:25-step | paper:1000-step | truth (the "
+                        "lengths of a replayed verl step log)")
+    p.add_argument("--truth", default="shape",
+                   help="shape (shape-dependent efficiency, stragglers, noise; default), planner "
+                        "(the cost model with hidden efficiencies) or replay:FILE (measured stage "
+                        "times of a verl step log .csv or a nereus run log .h5)")
+    p.add_argument("--samples", choices=SAMPLES, default="stages",
+                   help="calibrate from measured stage times (default) or profiled op samples")
+    p.add_argument("--trace-time-scale", type=float, default=1.0, dest="trace_time_scale",
+                   help="multiply GPU-trace times (< 1 compresses); fault traces are rebased so "
+                        "their first event falls at the run's start")
     p.add_argument("--steps", type=int, required=True, help="steps to simulate")
     p.add_argument("--policy", choices=POLICIES, default="nereus")
     p.add_argument("--gamma", type=float, default=0.5, help="payback fraction γ (nereus policy)")

@@ -8,13 +8,14 @@ from typing import Any
 
 from nereus.config import fields as f
 from nereus.errors import ConfigError
-from nereus.spec.job import ControllerSpec, JobSpec
+from nereus.spec.job import PIPELINE_SPLITS, ControllerSpec, JobSpec, PlanSpace
 from nereus.spec.model import ModelSpec
 from nereus.spec.workflow import ALGORITHMS, MODES
 
 JOB_KEYS = (
     "algorithm", "mode", "global_batch", "samples_per_prompt", "minibatches", "prompt_len",
     "gen_len", "gen_len_p95", "reward_model", "actor_inf", "dtype_bytes", "static_batches",
+    "flash_attention", "distributed_optimizer", "pipeline_split", "uneven_dp",
 )
 DEFAULT_SAMPLES_PER_PROMPT = {"ppo": 1, "grpo": 8, "remax": 1}
 DTYPE_BYTES = (2, 4)  # bf16/fp16, fp32
@@ -36,6 +37,10 @@ class JobFields:
     actor_inf: bool = False
     dtype_bytes: int = 2
     static_batches: bool = False
+    flash_attention: bool = True
+    distributed_optimizer: bool = False
+    pipeline_split: str = "uneven"
+    uneven_dp: bool = True
 
 
 def _dtype_bytes(path: str, value: Any) -> int:
@@ -57,6 +62,10 @@ _JOB_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "actor_inf": f.boolean,
     "dtype_bytes": _dtype_bytes,
     "static_batches": f.boolean,
+    "flash_attention": f.boolean,
+    "distributed_optimizer": f.boolean,
+    "pipeline_split": lambda p, v: f.choice(p, v, PIPELINE_SPLITS),
+    "uneven_dp": f.boolean,
 }
 
 
@@ -140,4 +149,7 @@ def build_job(
         actor_inf=job.actor_inf,
         static_batches=job.static_batches,
         controller=controller,
+        space=PlanSpace(pipeline=job.pipeline_split, uneven_dp=job.uneven_dp),
+        flash_attention=job.flash_attention,
+        distributed_optimizer=job.distributed_optimizer,
     )

@@ -39,7 +39,7 @@ from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.job import Setup
+from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
@@ -164,10 +164,15 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
 def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | None = None,
                   steps: int | None = None, host_cores: int = 0) -> tuple[RunConfig, Setup]:
     """Check the ``runtime:`` section (CLI values override it); returns it and the setup on the
-    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node).
+    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node), with
+    the runtime's plan space (``RUNTIME_PLAN_SPACE``: pp divides the layers, dp the batch).
     ``host_cores``: the cores the ranks share, when they are CPU ranks on one host (the caller
     counts them; 0: unknown)."""
     raw = f.mapping("runtime", raw or {}, KEYS)
+    if setup.job.distributed_optimizer:
+        raise ConfigError("job.distributed_optimizer", True,
+                          "nereus run keeps every replica's whole optimizer state (DESIGN.md §2.2); "
+                          "the distributed optimizer is for nereus plan and simulate")
     cl = setup.cluster
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
     where = "--ranks" if ranks is not None else "runtime.ranks"
@@ -187,8 +192,11 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)))
     if cluster.gpu.vendor == "cpu" and host_cores > 0:
         cluster = replace(cluster, host_cores=host_cores, hosts=1)
-    # nereus run's engines pad each step's batch to its longest response (static batches)
-    setup = replace(setup, cluster=cluster, job=replace(setup.job, static_batches=True))
+    # The runtime executes pipelines of equal stages and DP degrees that divide the batch (its
+    # Megatron stage models and even batch split): its planner searches that space only; its
+    # engines pad each step's batch to its longest response (static batches).
+    setup = replace(setup, cluster=cluster, job=replace(setup.job, space=RUNTIME_PLAN_SPACE,
+                                                        static_batches=True))
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps))
     # Events are checked against the config's own steps and cluster; a run made shorter or

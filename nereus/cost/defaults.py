@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nereus.cost.h200_defaults import H200_EFFICIENCY
+from nereus.cost.published_defaults import PUBLISHED_EFFICIENCY
 from nereus.spec.hardware import GpuSpec
 
 # The CPU virtual device (gloo ranks playing GPUs) was not measured: these are assumed starting
@@ -17,11 +18,12 @@ CPU_EFFICIENCY: dict[str, float] = {
     "copy": 0.5,
 }
 
-# Hardware without an entry (a100-64gb, mi250x-gcd, user-defined) starts every class at
-# CONSERVATIVE_EFFICIENCY.
+# Hardware without an entry (a100-64gb, mi250x-gcd, user-defined), and classes an entry leaves
+# out, start at CONSERVATIVE_EFFICIENCY.
 DEFAULT_EFFICIENCIES: dict[str, dict[str, float]] = {
     "h200": H200_EFFICIENCY,
     "cpu": CPU_EFFICIENCY,
+    **PUBLISHED_EFFICIENCY,
 }
 
 

@@ -5,10 +5,14 @@ Per GPU of pipeline rank ``i`` (``L_i`` layers, ``P_i`` parameters on one TP ran
 ``h`` hidden size, ``a`` attention heads, ``t`` = tp, ``B`` = dtype bytes (bf16: 2):
 
 - weights ``B · P_i``; training adds gradients ``B · P_i`` and Adam state ``12 · P_i`` (fp32
-  master, m, v; no ZeRO sharding).
+  master, m, v); with the distributed optimizer (``job.distributed_optimizer``, Megatron's
+  ``--use-distributed-optimizer``) the Adam state is sharded over the ``dp`` replicas,
+  ``12 · P_i / dp``.
 - training activations: without recompute ``s·b·h·(34 + 5·a·s/h)/t`` bytes per layer (Korthikanti
-  et al. with sequence parallelism; it assumes the attention scores are materialized, i.e. no
-  flash attention, and the 4h MLP of GPT), times ``L_i``, times the micro-batches in flight on
+  et al. with sequence parallelism and the 4h MLP of GPT); the ``5·a·s/h`` term is the
+  materialized attention scores, softmax and dropout mask, which flash / memory-efficient SDPA
+  kernels never store (``job.flash_attention``, the default: ``34·s·b·h/t``), times ``L_i``,
+  times the micro-batches in flight on
   rank ``i`` under 1F1B, ``min(pp − i, grad_accum)``; with full recompute ``2·s·b·h/t`` per layer
   (the sequence-parallel layer input) times ``L_i`` times in-flight, plus one layer's full
   activations of one micro-batch. The last rank adds fp32 logits of one micro-batch,
@@ -24,19 +28,20 @@ Every component is multiplied by ``calib.memory_factor(ms.name)``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from nereus.cost.calibration import Calibration
+from nereus.cost.latency import stage_params_arrays
 from nereus.cost.workload import (
     MEMO_MAX,
-    PipelineStage,
-    Workload,
+    CandidateArrays,
+    StageContext,
     check_candidate,
     stage_context,
-    workload,
 )
 from nereus.errors import ConfigError
 from nereus.spec.job import Setup
@@ -89,58 +94,141 @@ class MemoryBreakdown:
         return MemoryBreakdown(**values)
 
 
-def _layer_activation_bytes(w: Workload, s: int, b: int) -> int:
-    """``s·b·h·(34 + 5·a·s/h)/t`` = ``s·b·(34·h + 5·a·s)/t`` bytes of one layer."""
-    m = w.model
-    return math.ceil(s * b * (34 * m.hidden_size + 5 * m.num_attention_heads * s) / w.tp)
+@dataclass(frozen=True, eq=False)
+class MemoryArrays:
+    """Per-GPU bytes of one pipeline rank (or the most loaded) of many candidates."""
+
+    weights: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    kv_cache: np.ndarray
+    workspace: np.ndarray
+
+    @property
+    def persistent(self) -> np.ndarray:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def peak(self) -> np.ndarray:
+        return self.persistent + self.activations + self.kv_cache + self.workspace
+
+    def record(self, i: int) -> MemoryBreakdown:
+        return MemoryBreakdown(
+            int(self.weights[i]), int(self.grads[i]), int(self.optimizer[i]),
+            int(self.activations[i]), int(self.kv_cache[i]), int(self.workspace[i]),
+        )
+
+    def where(self, mask: np.ndarray, other: MemoryArrays) -> MemoryArrays:
+        """Rows of ``self`` where ``mask``, else of ``other``."""
+        return MemoryArrays(*(np.where(mask, a, b) for a, b in zip(self._cols(), other._cols(), strict=True)))
+
+    def _cols(self) -> tuple[np.ndarray, ...]:
+        return (self.weights, self.grads, self.optimizer, self.activations, self.kv_cache,
+                self.workspace)
 
 
-def _rank_memory(w: Workload, st: PipelineStage, workspace: int, factor: float) -> MemoryBreakdown:
-    m, t, B, b = w.model, w.tp, w.dtype_bytes, w.micro_batch
-    weights = B * st.params
-    grads = optimizer = activations = kv = 0
-    if w.kind == "train":
-        s = w.max_seq_len
-        grads = B * st.params
-        optimizer = ADAM_FP32_BYTES_PER_PARAM * st.params
-        in_flight = min(w.pp - st.pp_rank, w.micro_batches)
-        per_layer = _layer_activation_bytes(w, s, b)
-        if w.recompute:
-            checkpoint = math.ceil(2 * s * b * m.hidden_size / t)
-            activations = checkpoint * st.num_layers * in_flight + per_layer
-        else:
-            activations = per_layer * st.num_layers * in_flight
-        if st.last:
-            activations += math.ceil(LOGIT_BYTES * b * s * w.head_outputs / t)
-    elif w.kind == "forward":
-        s = w.max_seq_len
-        activations = _layer_activation_bytes(w, s, b)
-        if st.last:
-            activations += math.ceil(LOGIT_BYTES * b * s * w.head_outputs / t)
+def _layer_activation_bytes(ctx: StageContext, s: int, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``⌈s·b·(34·h + 5·a·s)/t⌉`` bytes of one layer; without the score term under flash."""
+    per_token = 34 * ctx.dims.hidden_size
+    if not ctx.flash_attention:
+        per_token += 5 * ctx.dims.num_attention_heads * s
+    return -(-(s * b * per_token) // t)
+
+
+def _parts(ctx: StageContext, ca: CandidateArrays) -> tuple[np.ndarray, ...]:
+    """Rank-independent bytes per candidate: activations of one layer (and with recompute of
+    one layer's checkpoint), logits of the last stage, KV cache per layer (whole round)."""
+    t, b = ca.tp, ca.micro_batch
+    head_out = ctx.head_outputs
+    zero = np.zeros(t.shape, dtype=np.int64)
+    if ctx.kind == "train":
+        s = ctx.max_seq_len
+        per_layer = _layer_activation_bytes(ctx, s, b, t)
+        checkpoint = -(-(2 * s * b * ctx.dims.hidden_size) // t)
+        logits = -(-(LOGIT_BYTES * b * s * head_out) // t)
+        return per_layer, checkpoint, logits, zero
+    if ctx.kind == "forward":
+        s = ctx.max_seq_len
+        per_layer = _layer_activation_bytes(ctx, s, b, t)
+        return per_layer, zero, -(-(LOGIT_BYTES * b * s * head_out) // t), zero
+    s = ctx.prompt_len + ctx.max_gen_len
+    rounds = np.minimum(ca.pp, ca.grad_accum)
+    kv_heads = -(-ctx.dims.num_kv_heads // t)
+    kv_layer = rounds * 2 * b * s * kv_heads * ctx.dims.kv_channels * ctx.dtype_bytes
+    per_layer = _layer_activation_bytes(ctx, ctx.prompt_len, b, t)
+    return per_layer, zero, -(-(LOGIT_BYTES * b * head_out) // t), kv_layer
+
+
+def _rank(
+    ctx: StageContext, ca: CandidateArrays, parts: tuple[np.ndarray, ...], pp_rank: np.ndarray,
+    layers: np.ndarray, params: np.ndarray, last: np.ndarray | bool, workspace: int, factor: float,
+) -> MemoryArrays:
+    per_layer, checkpoint, logits, kv_layer = parts
+    weights = ctx.dtype_bytes * params
+    zero = np.zeros(params.shape, dtype=np.int64)
+    grads = optimizer = kv = zero
+    if ctx.kind == "train":
+        grads = weights
+        optimizer = ADAM_FP32_BYTES_PER_PARAM * params
+        if ctx.distributed_optimizer:
+            optimizer = -(-optimizer // ca.dp)
+        in_flight = np.minimum(ca.pp - pp_rank, ca.grad_accum)
+        held = np.where(ca.recompute, checkpoint, per_layer) * layers * in_flight
+        activations = held + np.where(ca.recompute, per_layer, 0) + np.where(last, logits, 0)
+    elif ctx.kind == "forward":
+        activations = per_layer + np.where(last, logits, 0)
     else:  # generate
-        s = w.prompt_len + w.max_gen_len
-        rounds = min(w.pp, w.micro_batches)
-        kv = rounds * 2 * b * s * math.ceil(m.num_kv_heads / t) * m.kv_channels * B * st.num_layers
-        activations = _layer_activation_bytes(w, w.prompt_len, b)
-        if st.last:
-            activations += math.ceil(LOGIT_BYTES * b * w.head_outputs / t)
+        kv = kv_layer * layers
+        activations = per_layer + np.where(last, logits, 0)
+    ws = np.full(params.shape, workspace, dtype=np.int64)
+    cols: list[np.ndarray] = [weights, grads, optimizer, activations, kv, ws]
+    if factor != 1.0:
+        cols = [np.round(x * factor).astype(np.int64) for x in cols]
+    return MemoryArrays(*cols)
 
-    def f(x: int) -> int:
-        return round(x * factor)
 
-    return MemoryBreakdown(f(weights), f(grads), f(optimizer), f(activations), f(kv), f(workspace))
+def rank_arrays(
+    ctx: StageContext, ca: CandidateArrays, pp_rank: np.ndarray, workspace: int, factor: float
+) -> MemoryArrays:
+    """The memory model of the module docstring for pipeline rank ``pp_rank`` of each candidate."""
+    f, m, last_l, p_first, p_mid, p_last = stage_params_arrays(ctx, ca)
+    first, last = pp_rank == 0, pp_rank == ca.pp - 1
+    layers = np.where(first, f, np.where(last, last_l, m))
+    params = np.where(first, p_first, np.where(last, p_last, p_mid))
+    return _rank(ctx, ca, _parts(ctx, ca), pp_rank, layers, params, last, workspace, factor)
+
+
+def stage_arrays(
+    ctx: StageContext, ca: CandidateArrays, workspace: int, factor: float
+) -> tuple[MemoryArrays, np.ndarray]:
+    """The most loaded GPU of each candidate (highest peak; ties: lowest pipeline rank) and the
+    largest persistent bytes over its pipeline ranks.
+
+    Of the middle ranks (same layers) the first holds the most micro-batches in flight, so only
+    ranks 0, 1 and ``pp − 1`` are evaluated.
+    """
+    pp = ca.pp
+    f, m, last_l, p_first, p_mid, p_last = stage_params_arrays(ctx, ca)
+    parts = _parts(ctx, ca)
+    one = pp == 1
+    zero = np.zeros(pp.shape, dtype=np.int64)
+    r0 = _rank(ctx, ca, parts, zero, f, p_first, one, workspace, factor)
+    r1 = _rank(ctx, ca, parts, zero + 1, m, p_mid, False, workspace, factor)
+    rl = _rank(ctx, ca, parts, pp - 1, last_l, p_last, True, workspace, factor)
+    mid, multi = pp > 2, pp > 1
+    p0, p1, pl = r0.peak, r1.peak, rl.peak
+    use1 = mid & (p1 > p0)
+    best_peak = np.where(use1, p1, p0)
+    usel = multi & (pl > best_peak)
+    best = rl.where(usel, r1.where(use1, r0))
+    persistent = np.maximum(np.maximum(r0.persistent, np.where(mid, r1.persistent, 0)),
+                            np.where(multi, rl.persistent, 0))
+    return best, persistent
 
 
 def _workspace_bytes(setup: Setup) -> int:
     return CPU_WORKSPACE_BYTES if setup.cluster.gpu.vendor == "cpu" else WORKSPACE_BYTES
-
-
-def _memo_key(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibration) -> tuple[object, ...]:
-    """Everything a breakdown depends on: ``grad_accum`` only through ``min(pp, grad_accum)``."""
-    return (
-        cand.tp, cand.pp, cand.micro_batch, min(cand.pp, cand.grad_accum),
-        cand.recompute and ms.trainable, _workspace_bytes(setup), calib.memory_factor(ms.name),
-    )
 
 
 def rank_memory(
@@ -151,41 +239,36 @@ def rank_memory(
     check_candidate(ctx, cand)
     if not 0 <= pp_rank < cand.pp:
         raise ConfigError(f"{cand.name}.pp_rank", pp_rank, f"must be in [0, {cand.pp})")
-    key = ("rank", pp_rank, *_memo_key(setup, ms, cand, calib))
+    factor = calib.memory_factor(ms.name)
+    ws = _workspace_bytes(setup)
+    key = ("ranks", cand, ws, factor)
     got = ctx.memo.get(key)
-    if not isinstance(got, MemoryBreakdown):
-        w = workload(setup, ms, cand)
-        got = _rank_memory(w, w.stage(pp_rank), _workspace_bytes(setup), calib.memory_factor(ms.name))
+    if not isinstance(got, tuple):
+        ca = CandidateArrays.of([cand] * cand.pp)
+        arrays = rank_arrays(ctx, ca, np.arange(cand.pp, dtype=np.int64), ws, factor)
+        got = tuple(arrays.record(i) for i in range(cand.pp))
         if len(ctx.memo) >= MEMO_MAX:
             ctx.memo.clear()
         ctx.memo[key] = got
-    return got
+    return got[pp_rank]
 
 
 def stage_memory(setup: Setup, ms: ModelStage, cand: Candidate, calib: Calibration) -> MemoryBreakdown:
-    """Breakdown of the most loaded GPU (highest peak; ties: lowest pipeline rank).
-
-    Within a run of ranks with the same layers, the first holds the most micro-batches in flight,
-    so only the first rank of each run (``Workload.distinct_stages``) is evaluated.
-    """
+    """Breakdown of the most loaded GPU (highest peak; ties: lowest pipeline rank)."""
     ctx = stage_context(setup, ms)
     check_candidate(ctx, cand)
-    key = ("peak", *_memo_key(setup, ms, cand, calib))
+    factor = calib.memory_factor(ms.name)
+    ws = _workspace_bytes(setup)
+    key = ("peak", cand, ws, factor)
     got = ctx.memo.get(key)
     if isinstance(got, MemoryBreakdown):
         return got
-    w = workload(setup, ms, cand)
-    ws, factor = _workspace_bytes(setup), calib.memory_factor(ms.name)
-    best: MemoryBreakdown | None = None
-    for st, _count in w.distinct_stages():
-        mb = _rank_memory(w, st, ws, factor)
-        if best is None or mb.peak_bytes > best.peak_bytes:
-            best = mb
-    assert best is not None
+    best, _ = stage_arrays(ctx, CandidateArrays.of([cand]), ws, factor)
+    got = best.record(0)
     if len(ctx.memo) >= MEMO_MAX:
         ctx.memo.clear()
-    ctx.memo[key] = best
-    return best
+    ctx.memo[key] = got
+    return got
 
 
 def memory_capacity_bytes(setup: Setup) -> int:

@@ -20,33 +20,39 @@ stages (``m + pp − 1`` schedule slots) and ``L`` the layers of the most loaded
 
 from __future__ import annotations
 
+import numpy as np
+
 from nereus.cost.calibration import Calibration
-from nereus.cost.workload import StageContext, stage_groups
+from nereus.cost.workload import CandidateArrays, StageContext, split_arrays
 from nereus.spec.hardware import GpuSpec
 from nereus.spec.plan import Candidate
 
 STEP_EVENTS = ("layer-pass", "decode-layer", "decode-step", "micro-batch", "update")
 
 
-def step_event_counts(ctx: StageContext, cand: Candidate) -> tuple[tuple[str, float], ...]:
-    """The fixed-cost events of one step of ``ctx``'s model-stage under ``cand`` (on the slowest
-    device of a replica), in :data:`STEP_EVENTS` order, zero counts left out."""
-    pp, m = cand.pp, cand.grad_accum
-    layers = max(n for _, n, _ in stage_groups(ctx.dims.num_layers, pp))
+def step_event_arrays(ctx: StageContext, ca: CandidateArrays) -> dict[str, np.ndarray]:
+    """The fixed-cost events of one step of ``ctx``'s model-stage for every candidate of ``ca``
+    (on the slowest device of a replica: the most loaded pipeline stage)."""
+    pp, m = ca.pp, ca.grad_accum.astype(np.float64)
+    first, mid, last = split_arrays(ctx.dims.num_layers, pp)
+    layers = np.maximum(np.maximum(first, mid), last).astype(np.float64)
     slots = m + pp - 1
-    u = ctx.updates
-    out: list[tuple[str, float]] = []
+    u = float(ctx.updates)
+    zero = np.zeros(slots.shape)
     if ctx.kind == "generate":
-        g = max(ctx.max_gen_len, ctx.gen_len)
-        out += [("layer-pass", float(slots * layers)), ("decode-layer", float(slots * layers * g)),
-                ("decode-step", float(slots * g)), ("micro-batch", float(slots))]
-    else:
-        passes = 1 if ctx.kind == "forward" else (4 if cand.recompute else 3)
-        out += [("layer-pass", float(u * slots * layers * passes)),
-                ("micro-batch", float(u * slots))]
-        if ctx.kind == "train":
-            out.append(("update", float(u)))
-    return tuple((k, n) for k, n in out if n > 0)
+        g = float(max(ctx.max_gen_len, ctx.gen_len))
+        return {"layer-pass": slots * layers, "decode-layer": slots * layers * g,
+                "decode-step": slots * g, "micro-batch": slots, "update": zero}
+    passes = 1.0 if ctx.kind == "forward" else np.where(ca.recompute, 4.0, 3.0)
+    return {"layer-pass": u * slots * layers * passes, "decode-layer": zero, "decode-step": zero,
+            "micro-batch": u * slots, "update": zero + (u if ctx.kind == "train" else 0.0)}
+
+
+def step_event_counts(ctx: StageContext, cand: Candidate) -> tuple[tuple[str, float], ...]:
+    """:func:`step_event_arrays` of one candidate, in :data:`STEP_EVENTS` order, zero counts
+    left out."""
+    arrays = step_event_arrays(ctx, CandidateArrays.of([cand]))
+    return tuple((k, float(arrays[k][0])) for k in STEP_EVENTS if arrays[k][0] > 0)
 
 
 def fixed_time_s(counts: tuple[tuple[str, float], ...], gpu: GpuSpec, calib: Calibration) -> float:

@@ -4,26 +4,34 @@ Assumptions shared by the latency and memory models:
 
 - The model of a model-stage is ``job.model(ms.role)``. Critic and reward models use the same
   trunk with a scalar value head (one output instead of ``vocab_size``; its size is negligible).
-- Layers are split over ``pp`` stages as evenly as possible, earlier stages taking the remainder
-  (Megatron's default when divisible). The first stage also holds the input embedding, the last
-  the final norm and output head; with tied embeddings and ``pp > 1`` the last stage keeps its own
-  copy of the embedding matrix as the head, as Megatron does.
+- Layers are split over ``pp`` stages as Megatron does (``nereus.spec.model.pipeline_split``):
+  evenly when ``pp`` divides them, else the middle stages even and the first and last taking the
+  rest. The first stage also holds the input embedding, the last the final norm and output head;
+  with tied embeddings and ``pp > 1`` the last stage keeps its own copy of the embedding matrix
+  as the head, as Megatron does.
 - Every parameter of a stage is split over ``tp`` ranks (norm weights, replicated in Megatron, are
   counted split: < 0.01% of the parameters).
 - A model-stage processes ``job.global_batch * ms.sequences_per_prompt`` sequences per step.
-  Training does ``job.minibatches`` optimizer updates per step, each over
-  ``dp * micro_batch * grad_accum`` sequences; generation and inference process all sequences of
-  the step in ``dp * micro_batch * grad_accum`` (grad_accum = micro-batches in sequence).
+  Training does ``job.minibatches`` optimizer updates per step, each over the ``n`` sequences of
+  an update; generation and inference process all ``n`` sequences of the step. Each of the
+  ``dp`` replicas takes a share of them: ``n / dp`` when dp divides n, else (``PlanSpace.
+  uneven_dp``) ``⌈n/dp⌉`` or ``⌊n/dp⌋``; a candidate's ``micro_batch · grad_accum`` is the
+  largest share, which sets its time and memory (the slowest replica). Generation in the uneven
+  space decodes ``micro_batch`` sequences at once in ``grad_accum`` rounds covering the share,
+  the last round possibly partial (costed as a full one).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nereus.errors import ConfigError
-from nereus.spec.job import Setup
-from nereus.spec.model import ModelSpec
+from nereus.spec.job import PlanSpace, Setup
+from nereus.spec.model import ModelSpec, pipeline_split
 from nereus.spec.plan import Candidate
 from nereus.spec.workflow import ModelStage
 
@@ -111,9 +119,10 @@ class Workload:
         return self.dims.matmul_params_per_layer
 
     def stage(self, pp_rank: int) -> PipelineStage:
-        L, p = self.dims.num_layers, self.pp
-        layers = L // p + (1 if pp_rank < L % p else 0)
+        p = self.pp
+        f, m, last_layers = pipeline_split(self.dims.num_layers, p)
         first, last = pp_rank == 0, pp_rank == p - 1
+        layers = f if first else (last_layers if last else m)
         params = layers * self.dims.layer_params
         if first:
             params += self.dims.embedding_params
@@ -153,6 +162,9 @@ class StageContext:
     gen_len: int
     max_gen_len: int
     dtype_bytes: int
+    flash_attention: bool = True
+    distributed_optimizer: bool = False
+    space: PlanSpace = field(default_factory=PlanSpace)
     memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
     def head_params(self, pp: int) -> int:
@@ -205,7 +217,15 @@ def _stage_context(setup: Setup, ms: ModelStage) -> StageContext:
         gen_len=(job.gen_len_p95 or job.gen_len) if job.static_batches else job.gen_len,
         max_gen_len=job.gen_len_p95 or job.gen_len,
         dtype_bytes=job.dtype_bytes,
+        flash_attention=job.flash_attention,
+        distributed_optimizer=job.distributed_optimizer,
+        space=job.space,
     )
+
+
+def largest_share(sequences: int, dp: int) -> int:
+    """Sequences of the most loaded of ``dp`` replicas: ``⌈sequences / dp⌉``."""
+    return -(-sequences // dp)
 
 
 def check_candidate(ctx: StageContext, cand: Candidate) -> None:
@@ -217,11 +237,22 @@ def check_candidate(ctx: StageContext, cand: Candidate) -> None:
                 raise ConfigError(f"{cand.name}.{field}", v, "must be >= 1")
     if pp > ctx.dims.num_layers:
         raise ConfigError(f"{cand.name}.pp", pp, f"more stages than {ctx.dims.num_layers} layers")
-    if dp * b * ga != ctx.per_update:
+    per = "update" if ctx.trainable else "step"
+    if not ctx.space.uneven_dp and dp * b * ga != ctx.per_update:
         raise ConfigError(
             f"{cand.name}.dp*micro_batch*grad_accum",
             dp * b * ga,
-            f"must equal the {ctx.per_update} sequences per {'update' if ctx.trainable else 'step'}",
+            f"must equal the {ctx.per_update} sequences per {per}",
+        )
+    share = largest_share(ctx.per_update, dp)
+    # generation in the uneven space may end on a partial round (b concurrent sequences)
+    partial = ctx.kind == "generate" and ctx.space.uneven_dp and b * (ga - 1) < share <= b * ga
+    if (b * ga != share and not partial) or dp > ctx.per_update:
+        raise ConfigError(
+            f"{cand.name}.micro_batch*grad_accum",
+            b * ga,
+            f"must equal the largest share ⌈{ctx.per_update}/dp⌉ of the sequences per {per} "
+            f"(dp ≤ {ctx.per_update}; generation: rounds of micro_batch covering it)",
         )
 
 
@@ -230,25 +261,81 @@ def stage_groups(num_layers: int, pp: int) -> tuple[tuple[int, int, int], ...]:
     """``(first pp_rank, layers, ranks)`` of each run of pipeline ranks with the same shape.
 
     Rank 0 and rank ``pp - 1`` are always their own group (embedding, head); the middle ranks
-    form at most two groups (``num_layers // pp + 1`` layers below ``num_layers % pp``, then
-    ``num_layers // pp``).
+    form one group (``nereus.spec.model.pipeline_split``).
     """
-    base, rem = divmod(num_layers, pp)
-
-    def layers(r: int) -> int:
-        return base + (1 if r < rem else 0)
-
     if pp == 1:
         return ((0, num_layers, 1),)
-    big = max(0, min(rem, pp - 1) - 1)
-    small = (pp - 2) - big
-    groups = [(0, layers(0), 1)]
-    if big:
-        groups.append((1, layers(1), big))
-    if small:
-        groups.append((1 + big, layers(1 + big), small))
-    groups.append((pp - 1, layers(pp - 1), 1))
+    first, mid, last = pipeline_split(num_layers, pp)
+    groups = [(0, first, 1)]
+    if pp > 2:
+        groups.append((1, mid, pp - 2))
+    groups.append((pp - 1, last, 1))
     return tuple(groups)
+
+
+@dataclass(frozen=True, eq=False)
+class CandidateArrays:
+    """Candidates of one model-stage as parallel integer arrays (the vectorized cost model's
+    input): ``tp, pp, dp, micro_batch, grad_accum`` (int64) and ``recompute`` (bool)."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    micro_batch: np.ndarray
+    grad_accum: np.ndarray
+    recompute: np.ndarray
+    # derived arrays that depend on the layouts only (split layers, parameters per stage), keyed
+    # by what they depend on: a pure cache kept as long as the candidates
+    cache: dict[tuple[object, ...], tuple[np.ndarray, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    @staticmethod
+    def of(cands: Sequence[Candidate]) -> CandidateArrays:
+        def col(attr: str) -> np.ndarray:
+            return np.fromiter((getattr(c, attr) for c in cands), dtype=np.int64, count=len(cands))
+
+        rc = np.fromiter((c.recompute for c in cands), dtype=bool, count=len(cands))
+        return CandidateArrays(
+            col("tp"), col("pp"), col("dp"), col("micro_batch"), col("grad_accum"), rc
+        )
+
+    def take(self, index: np.ndarray) -> CandidateArrays:
+        return CandidateArrays(
+            self.tp[index], self.pp[index], self.dp[index], self.micro_batch[index],
+            self.grad_accum[index], self.recompute[index],
+        )
+
+    def candidate(self, name: str, i: int) -> Candidate:
+        return Candidate(
+            name, int(self.tp[i]), int(self.pp[i]), int(self.dp[i]), int(self.micro_batch[i]),
+            int(self.grad_accum[i]), bool(self.recompute[i]),
+        )
+
+
+def split_arrays(num_layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`nereus.spec.model.pipeline_split` over an array of depths (layers of the first, a
+    middle and the last stage)."""
+    even = num_layers % pp == 0
+    q = num_layers // pp
+    mid = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * mid
+    low = rest < 2
+    mid = np.where(low, q, mid)
+    rest = np.where(low, num_layers - (pp - 2) * q, rest)
+    first = -(-rest // 2)
+    last = rest - first
+    two_first = -(-num_layers // 2)
+    first = np.where(pp == 2, two_first, first)
+    last = np.where(pp == 2, num_layers - two_first, last)
+    mid = np.where(pp == 2, two_first, mid)
+    first = np.where(even, q, first)
+    mid = np.where(even, q, mid)
+    last = np.where(even, q, last)
+    return first, mid, last
 
 
 def workload(setup: Setup, ms: ModelStage, cand: Candidate) -> Workload:

@@ -15,7 +15,9 @@ metadata (checked against real Megatron models in ``tests/ranks/test_emu_shards_
 - vocab-parallel (``word_embeddings``): axis 0 in tp chunks;
 - replicated over tp: norms, position embeddings;
 - pipeline: stage s holds layers [s·L/pp, (s+1)·L/pp); embeddings on the first stage, final norm
-  and output layer on the last.
+  and output layer on the last. Where ``pp`` does not divide the layers (the planner's uneven
+  space, not the runtime's: ``check_layout`` keeps the runtime rule) the stages hold Megatron's
+  uneven split, ``nereus.spec.model.stage_layer_counts``, in order.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from nereus.emu.boxes import Box
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
-from nereus.spec.model import ModelSpec
+from nereus.spec.model import ModelSpec, stage_layer_counts
 
 COLUMN = "column"
 ROW = "row"
@@ -111,11 +113,14 @@ def tensor_specs(spec: ModelSpec) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
-def check_layout(spec: ModelSpec, layout: Layout) -> None:
-    """Raise ConfigError when ``spec`` cannot be laid out as ``layout``."""
+def check_layout(spec: ModelSpec, layout: Layout, uneven_pipeline: bool = False) -> None:
+    """Raise ConfigError when ``spec`` cannot be laid out as ``layout`` (by default the runtime's
+    rules: ``pp`` divides the layers; ``uneven_pipeline`` allows Megatron's uneven split)."""
     tp, pp = layout.tp, layout.pp
+    even = spec.num_layers % pp == 0
     rules = [
-        (spec.num_layers % pp == 0, "layout.pp", pp, f"must divide num_layers={spec.num_layers}"),
+        (even or (uneven_pipeline and pp <= spec.num_layers), "layout.pp", pp,
+         f"must divide num_layers={spec.num_layers}"),
         (spec.num_kv_heads % tp == 0, "layout.tp", tp, f"must divide num_kv_heads={spec.num_kv_heads}"),
         (spec.vocab_size % tp == 0, "layout.tp", tp, f"must divide vocab_size={spec.vocab_size}"),
         (spec.ffn_hidden_size % tp == 0, "layout.tp", tp, "must divide ffn_hidden_size"),
@@ -134,13 +139,24 @@ def stage_of(t: TensorSpec, spec: ModelSpec, pp: int) -> int:
     if t.place == "last":
         return pp - 1
     assert t.layer is not None
-    return t.layer // (spec.num_layers // pp)
+    if spec.num_layers % pp == 0:
+        return t.layer // (spec.num_layers // pp)
+    end = 0
+    for rank, n in enumerate(stage_layer_counts(spec.num_layers, pp)):
+        end += n
+        if t.layer < end:
+            return rank
+    raise ConfigError("layer", t.layer, f"must be below num_layers={spec.num_layers}")
 
 
 def stage_layers(spec: ModelSpec, pp: int, pp_rank: int) -> range:
     """Global layer indices held by pipeline rank ``pp_rank``."""
-    per = spec.num_layers // pp
-    return range(pp_rank * per, (pp_rank + 1) * per)
+    if spec.num_layers % pp == 0:
+        per = spec.num_layers // pp
+        return range(pp_rank * per, (pp_rank + 1) * per)
+    counts = stage_layer_counts(spec.num_layers, pp)
+    start = sum(counts[:pp_rank])
+    return range(start, start + counts[pp_rank])
 
 
 def local_key(t: TensorSpec, spec: ModelSpec, pp: int) -> str:
@@ -193,7 +209,7 @@ def local_shape_of(t: TensorSpec, tp: int) -> tuple[int, ...]:
 
 def shards_at(spec: ModelSpec, layout: Layout, pp_rank: int, tp_rank: int) -> tuple[LocalShard, ...]:
     """Every local shard held by position (pp_rank, tp_rank) of a unit with ``layout``."""
-    check_layout(spec, layout)
+    check_layout(spec, layout, uneven_pipeline=True)
     out: list[LocalShard] = []
     for t in tensor_specs(spec):
         if stage_of(t, spec, layout.pp) != pp_rank:

@@ -1,40 +1,63 @@
 """Candidate layouts of one model-stage and their latency–GPU–memory frontier (DESIGN.md §3).
 
-The plan space of a model-stage M on a pool of GPUs (``cluster.gpus_per_node`` per node):
+The plan space of a model-stage M on a pool of GPUs (``cluster.gpus_per_node`` per node) and a
+``job.space`` (``nereus.spec.job.PlanSpace``):
 
 - ``tp`` a power of two, ``tp ≤ gpus_per_node`` (TP inside a node), dividing both the attention
   heads and the KV heads of the model (Megatron's rule for query groups);
-- ``pp`` a power of two that divides the number of layers evenly (every stage the same layers);
-  a replica larger than a node (``tp·pp > gpus_per_node``) must fill whole nodes;
-- ``dp ≥ 1`` with ``tp·pp·dp ≤ |pool|`` and ``dp`` dividing the sequences of M (per optimizer
-  update for training, ``job.sequences_per_update``; per step otherwise, ``job.sequences``), so
-  that an integer micro-batch ``b`` and accumulation ``a`` with ``dp·b·a = sequences`` exist;
-- ``b`` from a small set: the powers of two dividing the per-replica sequences up to
-  ``MICRO_BATCH_CAP[kind]``, plus the per-replica sequences themselves when under the cap;
+- ``pp`` from :func:`pipeline_depths`: the divisors of the layer count (``"even"``), or every depth
+  whose Megatron split (``nereus.spec.model.pipeline_split``) has a smaller largest stage than
+  every shallower depth (``"uneven"``; the divisors are among them); a replica of at most a node
+  (``tp·pp ≤ gpus_per_node``) has a power-of-two size (placement blocks stay divisible), a larger
+  one fills whole nodes;
+- ``dp ≥ 1`` with ``tp·pp·dp ≤ |pool|`` from :func:`dp_degrees`: the divisors of the sequences of
+  M (per optimizer update for training, ``job.sequences_per_update``; per step otherwise), or
+  with ``uneven_dp`` the smallest degree of each largest share ``⌈n/dp⌉``;
+- ``b`` from a small set: the powers of two dividing the largest share up to
+  ``MICRO_BATCH_CAP[kind]``, plus the share itself when under the cap; ``b·a`` = the share.
+  Generation in the uneven space also takes every power of two below the share: decode runs
+  ``b`` sequences at once (the concurrency the KV cache allows), ``a = ⌈share/b⌉`` rounds, the
+  last one partial (costed as a full round);
 - for training also full activation recomputation on and off.
 
-Every candidate is costed once per (setup, calibration) on the whole cluster (``CostCache``;
-memory first, latency only if it fits); candidates whose peak exceeds the capacity are dropped,
-and of the rest only the Pareto frontier over (latency, GPUs, placement block, persistent bytes,
-peak bytes) is kept: a candidate is dominated when another is no slower, needs no more GPUs in
-no larger blocks, and holds no more persistent and no more peak bytes per GPU. The memory terms
-are needed because model-stages of serial phases share GPUs (their persistent state adds up), so
-a slower, smaller candidate can be the only one that fits; the block term because a pool with
+Every candidate is costed once per (setup, calibration) on the whole cluster (``CostCache``),
+vectorized over the candidates (``nereus.cost.latency.latency_arrays``,
+``nereus.cost.memory.stage_arrays``); the enumeration itself depends on neither lengths nor
+calibration and is kept across them. Candidates whose peak exceeds the capacity are dropped, and
+of the rest only the Pareto frontier over (latency, GPUs, placement block, persistent bytes, peak
+bytes) is kept: a candidate is dominated when another is no slower, needs no more GPUs in no
+larger blocks, and holds no more persistent and no more peak bytes per GPU. The memory terms are
+needed because model-stages of serial phases share GPUs (their persistent state adds up), so a
+slower, smaller candidate can be the only one that fits; the block term because a pool with
 partly failed nodes has room for small blocks only. For any pool, the frontier candidates that
 fit it contain a dominator of every feasible candidate, so the DP stays exact.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
 
 from nereus.cost.calibration import Calibration
-from nereus.cost.latency import StageLatency, stage_latency
-from nereus.cost.memory import MemoryBreakdown, memory_capacity_bytes, rank_memory, stage_memory
-from nereus.cost.workload import workload
+from nereus.cost.latency import LatencyArrays, StageLatency, latency_arrays, rates
+from nereus.cost.memory import (
+    CPU_WORKSPACE_BYTES,
+    WORKSPACE_BYTES,
+    MemoryArrays,
+    MemoryBreakdown,
+    memory_capacity_bytes,
+    stage_arrays,
+)
+from nereus.cost.workload import CandidateArrays, stage_context
+from nereus.plan.frontier import dominates as dominates  # re-exported: the frontier's reference
+from nereus.plan.frontier import frontier as frontier
+from nereus.plan.frontier import frontier_indices
 from nereus.spec.job import Setup
+from nereus.spec.model import pipeline_split
 from nereus.spec.plan import Candidate
 from nereus.spec.workflow import ModelStage
 
@@ -125,97 +148,271 @@ def stage_sequences(setup: Setup, ms: ModelStage) -> int:
     return setup.job.sequences(ms.sequences_per_prompt)
 
 
-def micro_batches(per_replica: int, kind: str) -> tuple[int, ...]:
+def micro_batches(per_replica: int, kind: str, partial_rounds: bool = False) -> tuple[int, ...]:
+    """Micro-batch sizes tried for a replica of ``per_replica`` sequences: powers of two that
+    divide it, up to the kind's cap, and the whole share when under the cap. With
+    ``partial_rounds`` (generation in the uneven space) every power of two up to the share: a
+    round of ``b`` concurrently decoded sequences as the KV cache allows, the last one partial."""
     cap = MICRO_BATCH_CAP.get(kind, 16)
-    bs = [b for b in powers_of_two(min(per_replica, cap)) if per_replica % b == 0]
+    bs = [b for b in powers_of_two(min(per_replica, cap))
+          if partial_rounds or per_replica % b == 0]
     if per_replica <= cap and per_replica not in bs:
         bs.append(per_replica)
     return tuple(bs)
 
 
+@functools.lru_cache(maxsize=256)
+def pipeline_depths(num_layers: int, pipeline: str) -> tuple[int, ...]:
+    """Pipeline depths of the plan space (module docstring), ascending."""
+    if pipeline == "even":
+        return tuple(p for p in range(1, num_layers + 1) if num_layers % p == 0)
+    out: list[int] = []
+    best = num_layers + 1
+    for p in range(1, num_layers + 1):
+        largest = max(pipeline_split(num_layers, p))
+        if largest < best:
+            out.append(p)
+            best = largest
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def dp_degrees(sequences: int, max_dp: int, uneven: bool) -> tuple[int, ...]:
+    """DP degrees up to ``max_dp`` (module docstring), ascending."""
+    top = min(max_dp, sequences)
+    if not uneven:
+        return tuple(d for d in range(1, top + 1) if sequences % d == 0)
+    out = {-(-sequences // -(-sequences // d)) for d in range(1, top + 1)}
+    return tuple(sorted(out))
+
+
 def layouts_of(setup: Setup, ms: ModelStage, pool_size: int) -> tuple[tuple[int, int], ...]:
     """``(tp, pp)`` pairs of the plan space that fit ``pool_size`` GPUs."""
     model = setup.job.model(ms.role)
-    gpn = setup.cluster.gpus_per_node
+    return _layouts(
+        model.num_layers, model.num_attention_heads, model.num_kv_heads,
+        setup.cluster.gpus_per_node, pool_size, setup.job.space.pipeline,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _layouts(
+    layers: int, heads: int, kv_heads: int, gpn: int, pool_size: int, pipeline: str
+) -> tuple[tuple[int, int], ...]:
     out: list[tuple[int, int]] = []
     for tp in powers_of_two(gpn):
-        if model.num_attention_heads % tp or model.num_kv_heads % tp:
+        if heads % tp or kv_heads % tp:
             continue
-        for pp in powers_of_two(model.num_layers):
-            if model.num_layers % pp or tp * pp > pool_size:
+        for pp in pipeline_depths(layers, pipeline):
+            size = tp * pp
+            if size > pool_size:
                 continue
-            if tp * pp > gpn and (tp * pp) % gpn:
-                continue  # a replica larger than a node must fill whole nodes
+            if size > gpn and (size % gpn or gpn & (gpn - 1)):
+                continue  # a replica larger than a node fills whole (power-of-two) nodes
+            if size <= gpn and size & (size - 1):
+                continue  # a replica inside a node has a power-of-two size
             out.append((tp, pp))
     return tuple(out)
 
 
+@dataclass(frozen=True, eq=False)
+class Enumeration:
+    """The plan space of one model-stage on a cluster, as arrays (independent of lengths and
+    calibration): candidates, their GPU counts and placement blocks."""
+
+    arrays: CandidateArrays
+    num_gpus: np.ndarray
+    block: np.ndarray
+    sizes: np.ndarray  # GPUs of every candidate, sorted
+    by_gpus: np.ndarray  # the order that sorts them
+
+
+def enumeration(setup: Setup, ms: ModelStage, pool_size: int) -> Enumeration:
+    """Every candidate of ``ms`` in the plan space on ``pool_size`` GPUs (cached)."""
+    model = setup.job.model(ms.role)
+    space = setup.job.space
+    return _enumeration(
+        model.num_layers, model.num_attention_heads, model.num_kv_heads, ms.kind, ms.trainable,
+        stage_sequences(setup, ms), setup.cluster.gpus_per_node, pool_size, space.pipeline,
+        space.uneven_dp,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _enumeration(
+    layers: int, heads: int, kv_heads: int, kind: str, trainable: bool, seqs: int, gpn: int,
+    pool_size: int, pipeline: str, uneven_dp: bool,
+) -> Enumeration:
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    rcs = (0, 1) if trainable else (0,)
+    partial_rounds = kind == "generate" and uneven_dp
+    if seqs > 0:
+        for tp, pp in _layouts(layers, heads, kv_heads, gpn, pool_size, pipeline):
+            for dp in dp_degrees(seqs, pool_size // (tp * pp), uneven_dp):
+                share = -(-seqs // dp)
+                for b in micro_batches(share, kind, partial_rounds):
+                    for rc in rcs:
+                        rows.append((tp, pp, dp, b, -(-share // b), rc))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    arrays = CandidateArrays(
+        table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), table[:, 3].copy(),
+        table[:, 4].copy(), table[:, 5].astype(bool),
+    )
+    size = arrays.tp * arrays.pp
+    num_gpus = size * arrays.dp
+    by_gpus = np.argsort(num_gpus, kind="stable")
+    return Enumeration(arrays, num_gpus, np.minimum(size, gpn), num_gpus[by_gpus], by_gpus)
+
+
 def enumerate_candidates(setup: Setup, ms: ModelStage, pool_size: int) -> tuple[Candidate, ...]:
     """Every candidate of ``ms`` in the plan space on ``pool_size`` GPUs (module docstring)."""
-    seqs = stage_sequences(setup, ms)
-    out: list[Candidate] = []
-    if seqs <= 0:
-        return ()
-    for tp, pp in layouts_of(setup, ms, pool_size):
-        max_dp = pool_size // (tp * pp)
-        for dp in range(1, min(max_dp, seqs) + 1):
-            if seqs % dp:
-                continue
-            per_replica = seqs // dp
-            for b in micro_batches(per_replica, ms.kind):
-                for rc in (False, True) if ms.trainable else (False,):
-                    out.append(Candidate(ms.name, tp, pp, dp, b, per_replica // b, rc))
-    return tuple(out)
+    arrays = enumeration(setup, ms, pool_size).arrays
+    return tuple(arrays.candidate(ms.name, i) for i in range(len(arrays)))
 
 
-@dataclass(frozen=True)
+class FrontRecords(Sequence["Costed"]):
+    """The frontier of a table as ``Costed`` records, each built when first read."""
+
+    def __init__(self, rows: _Rows) -> None:
+        self._rows = rows
+        self._made: list[Costed | None] = [None] * len(rows)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    @overload
+    def __getitem__(self, i: int) -> Costed: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Costed]: ...
+
+    def __getitem__(self, i: int | slice) -> Costed | Sequence[Costed]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        got = self._made[i]
+        if got is None:
+            got = self._rows.costed(i if i >= 0 else len(self) + i)
+            self._made[i] = got
+        return got
+
+
 class StageTable:
     """The costed plan space of one model-stage on the whole cluster.
 
-    ``front`` is the Pareto frontier over (latency, GPUs, block size, persistent, peak): for any
-    pool, its candidates that fit the pool contain a dominator of every feasible candidate.
+    The feasible candidates (within capacity) are kept as arrays; ``front`` is the Pareto
+    frontier over (latency, GPUs, block size, persistent, peak), in frontier order (by latency):
+    for any pool, its candidates that fit the pool contain a dominator of every feasible
+    candidate. ``front_arrays`` holds its criteria as arrays; ``feasible`` materializes every
+    feasible candidate (the exact references use it).
     """
 
-    name: str
-    feasible: tuple[Costed, ...]  # candidates within capacity, by key
-    front: tuple[Costed, ...]  # by (latency, ...)
-    sizes: tuple[int, ...]  # GPUs of every enumerated candidate, sorted
-    peaks: tuple[tuple[int, int], ...]  # (GPUs, peak bytes) of every enumerated candidate
-    # Pool-independent views of ``front`` for pools of whole nodes (the GPU count is the only ``(latency, (GPUs,), persistent, peak, (front index,))`` by
-    # GPUs, and the fastest latency per GPU count.
-    # constraint there): DP points ``(latency, (GPUs,), persistent, peak, (front index,))`` in
-    # front order (by latency), the sorted GPU counts, and the fastest latency per GPU count.
-    points: tuple[tuple[float, tuple[int, ...], int, int, tuple[int, ...]], ...] = field(
-        init=False, repr=False, compare=False
-    )
-    gpu_counts: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    fastest: tuple[tuple[int, float], ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        pts = tuple(
-            (c.latency_s, (c.num_gpus,), c.persistent_bytes, c.peak_bytes, (i,))
-            for i, c in enumerate(self.front)
+    def __init__(
+        self, name: str, rows: _Rows, sizes: np.ndarray, peaks: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        self.name = name
+        self._rows = rows
+        self._sizes = sizes
+        self._peaks = peaks  # (GPUs, peak bytes) of every enumerated candidate, by GPUs
+        self._feasible: tuple[Costed, ...] | None = None
+        idx = frontier_indices(rows.latency.total_s, rows.num_gpus, rows.block, rows.persistent,
+                               rows.peak)  # rows are in key order (enumeration order)
+        front = rows.take(idx)
+        self.front_rows = front
+        self.front = FrontRecords(front)
+        lat = front.latency.total_s.tolist()
+        gpus = front.num_gpus.tolist()
+        # Pool-independent views of ``front`` for pools of whole nodes (the GPU count is the
+        # only constraint there): DP points ``(latency, (GPUs,), persistent, peak, (front
+        # index,))`` in front order (by latency), the sorted GPU counts, and the fastest latency
+        # per GPU count.
+        self.points: tuple[tuple[float, tuple[int, ...], int, int, tuple[int, ...]], ...] = tuple(
+            zip(lat, ((x,) for x in gpus), front.persistent.tolist(), front.peak.tolist(),
+                ((i,) for i in range(len(lat))), strict=True)
         )
         fastest: dict[int, float] = {}
-        for p in pts:
-            g = p[1][0]
-            fastest[g] = min(fastest.get(g, p[0]), p[0])
-        object.__setattr__(self, "points", pts)
-        object.__setattr__(self, "gpu_counts", tuple(sorted(c.num_gpus for c in self.front)))
-        object.__setattr__(self, "fastest", tuple(sorted(fastest.items())))
+        for x, gx in zip(lat, gpus, strict=True):
+            if gx not in fastest:  # front order is by latency: the first is the fastest
+                fastest[gx] = x
+        self.gpu_counts: tuple[int, ...] = tuple(sorted(gpus))
+        self.fastest: tuple[tuple[int, float], ...] = tuple(sorted(fastest.items()))
+
+    @property
+    def feasible(self) -> tuple[Costed, ...]:
+        """Every candidate within capacity, by key."""
+        if self._feasible is None:
+            got = [self._rows.costed(i) for i in range(len(self._rows))]
+            got.sort(key=lambda x: x.key)
+            self._feasible = tuple(got)
+        return self._feasible
+
+    @property
+    def num_feasible(self) -> int:
+        return len(self._rows)
 
     def enumerated(self, pool_size: int) -> int:
-        return bisect_right(self.sizes, pool_size)
+        return int(np.searchsorted(self._sizes, pool_size, side="right"))
 
     def min_peak_bytes(self, pool_size: int) -> int:
-        return min((pk for g, pk in self.peaks if g <= pool_size), default=-1)
+        g, pk = self._peaks
+        k = int(np.searchsorted(g, pool_size, side="right"))
+        return int(pk[:k].min()) if k else -1
+
+    def fitting(self, levels: Sequence[int], caps: Sequence[int]) -> np.ndarray:
+        """Indices (front order) of the frontier candidates that fit a pool's levels."""
+        fr = self.front_rows
+        ok = fr.num_gpus <= caps[0]
+        for s, cap in zip(levels[1:], caps[1:], strict=True):
+            ok &= ~((fr.block >= s) & (fr.num_gpus > cap))
+        return np.flatnonzero(ok)
+
+    def restricted(self, layout: tuple[int, int]) -> StageTable:
+        """The table restricted to one (tp, pp) layout, with its own frontier."""
+        rows = self._rows
+        keep = np.flatnonzero((rows.arrays.tp == layout[0]) & (rows.arrays.pp == layout[1]))
+        return StageTable(self.name, rows.take(keep), self._sizes, self._peaks)
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """Costed feasible candidates of one model-stage as arrays."""
+
+    name: str
+    arrays: CandidateArrays
+    latency: LatencyArrays
+    memory: MemoryArrays
+    persistent: np.ndarray
+    peak: np.ndarray
+    block: np.ndarray
+    num_gpus: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def take(self, index: np.ndarray) -> _Rows:
+        lat = self.latency
+        mem = self.memory
+        return _Rows(
+            self.name, self.arrays.take(index),
+            LatencyArrays(lat.keys, tuple(c[index] for c in lat.components), lat.total_s[index]),
+            MemoryArrays(*(c[index] for c in mem._cols())),
+            self.persistent[index], self.peak[index], self.block[index], self.num_gpus[index],
+        )
+
+    def costed(self, i: int) -> Costed:
+        i = int(i)
+        return Costed(
+            self.arrays.candidate(self.name, i), self.latency.record(self.name, i),
+            self.memory.record(i), float(self.latency.total_s[i]), int(self.persistent[i]),
+            int(self.peak[i]), int(self.block[i]), int(self.num_gpus[i]),
+        )
 
 
 class CostCache:
     """Costed plan spaces under one (setup, calibration), each candidate evaluated once.
 
     A controller keeps one across replans: a change of the GPU pool reuses every evaluation, a
-    new setup (lengths) or calibration (efficiencies, memory factors) starts afresh.
+    new setup (lengths) or calibration (efficiencies, memory factors) re-costs the (cached)
+    enumeration, vectorized.
     """
 
     def __init__(self) -> None:
@@ -237,89 +434,33 @@ class CostCache:
     ) -> StageTable:
         """The table of ``ms`` restricted to one (tp, pp) layout, with its own frontier."""
         key = f"{ms.name}@{layout[0]}x{layout[1]}"
+        full = self.table(setup, ms, calib)
         got = self._tables.get(key)
         if got is None:
-            full = self.table(setup, ms, calib)
-            feasible = tuple(c for c in full.feasible if (c.cand.tp, c.cand.pp) == layout)
-            got = StageTable(ms.name, feasible, frontier(feasible), full.sizes, full.peaks)
+            got = full.restricted(layout)
             self._tables[key] = got
         return got
 
 
-def _max_persistent_bytes(setup: Setup, ms: ModelStage, c: Candidate, calib: Calibration) -> int:
-    """Largest persistent bytes over the pipeline ranks (depends on tp and pp only)."""
-    ranks = [st.pp_rank for st, _ in workload(setup, ms, c).distinct_stages()]
-    return max(rank_memory(setup, ms, c, calib, r).persistent_bytes for r in ranks)
-
-
 def build_table(setup: Setup, ms: ModelStage, calib: Calibration) -> StageTable:
-    """Cost every candidate of ``ms`` on the whole cluster: memory first, latency if it fits.
+    """Cost every candidate of ``ms`` on the whole cluster (vectorized) and keep those within
+    capacity.
 
     ``persistent_bytes`` is the largest over the pipeline ranks and ``peak_bytes`` the peak of
     the most loaded rank (at least the persistent bytes), so both bound every GPU of a replica.
     """
+    enum = enumeration(setup, ms, setup.cluster.num_gpus)
+    ctx = stage_context(setup, ms)
     capacity = memory_capacity_bytes(setup)
-    gpn = setup.cluster.gpus_per_node
-    persistent: dict[tuple[int, int], int] = {}
-    feasible: list[Costed] = []
-    peaks: list[tuple[int, int]] = []
-    for c in enumerate_candidates(setup, ms, setup.cluster.num_gpus):
-        lay = (c.tp, c.pp)
-        if lay not in persistent:
-            persistent[lay] = _max_persistent_bytes(setup, ms, c, calib)
-        mem = stage_memory(setup, ms, c, calib)
-        peak = max(int(mem.peak_bytes), persistent[lay])
-        peaks.append((c.num_gpus, peak))
-        if peak > capacity:
-            continue
-        lat = stage_latency(setup, ms, c, calib)
-        feasible.append(
-            Costed(
-                c, lat, mem, float(lat.total_s), persistent[lay], peak,
-                granule(c.tp, c.pp, gpn), c.num_gpus,
-            )
-        )
-    feasible.sort(key=lambda x: x.key)
-    peaks.sort()
-    return StageTable(
-        ms.name, tuple(feasible), frontier(feasible), tuple(g for g, _ in peaks), tuple(peaks)
-    )
-
-
-def dominates(a: Costed, b: Costed) -> bool:
-    """``a`` is no worse than ``b`` in every frontier criterion."""
-    return (
-        a.latency_s <= b.latency_s
-        and a.persistent_bytes <= b.persistent_bytes
-        and a.peak_bytes <= b.peak_bytes
-        and a.num_gpus <= b.num_gpus
-        and a.block <= b.block
-    )
-
-
-def frontier(costed: Sequence[Costed]) -> tuple[Costed, ...]:
-    """Pareto frontier over (latency, GPUs, block, persistent, peak); ties keep the smallest key.
-
-    Sorted by all criteria: a point can only be dominated by an earlier one.
-    """
-    order = sorted(
-        costed,
-        key=lambda c: (c.latency_s, c.num_gpus, c.block, c.persistent_bytes, c.peak_bytes, c.key),
-    )
-    kept: list[Costed] = []
-    # Bucket kept points by (GPUs, block): few distinct pairs, so the check is short.
-    buckets: dict[tuple[int, int], list[Costed]] = {}
-    for c in order:
-        dominated = False
-        for (g, blk), pts in buckets.items():
-            if g <= c.num_gpus and blk <= c.block:
-                for k in pts:
-                    if k.persistent_bytes <= c.persistent_bytes and k.peak_bytes <= c.peak_bytes:
-                        dominated = True
-                        break
-                if dominated:
-                    break
-        if not dominated:
-            kept.append(c)
-            buckets.setdefault((c.num_gpus, c.block), []).append(c)
-    return tuple(kept)
+    ws = CPU_WORKSPACE_BYTES if setup.cluster.gpu.vendor == "cpu" else WORKSPACE_BYTES
+    mem, persistent = stage_arrays(ctx, enum.arrays, ws, calib.memory_factor(ms.name))
+    peak = np.maximum(mem.peak, persistent)
+    peaks = (enum.num_gpus[enum.by_gpus], peak[enum.by_gpus])
+    r = rates(setup.cluster.gpu, calib)
+    lat = latency_arrays(ctx, r, setup.cluster.gpus_per_node, enum.arrays,
+                         setup.cluster.contention)
+    rows = _Rows(ms.name, enum.arrays, lat, mem, persistent, peak, enum.block, enum.num_gpus)
+    fits = peak <= capacity
+    if not fits.all():
+        rows = rows.take(np.flatnonzero(fits))
+    return StageTable(ms.name, rows, enum.sizes, peaks)

@@ -13,7 +13,7 @@ leave. Ties are broken by frontier indices, so the result is deterministic.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from nereus.plan.candidates import Costed, StageTable, demand_of
 from nereus.plan.problem import Problem
@@ -66,11 +66,12 @@ def _stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, .
     """
     if len(levels) == 1:
         return table.points
+    fr = table.front_rows
     pts: list[Point] = []
-    for i, c in enumerate(table.front):
-        d = demand_of(c.block, c.num_gpus, levels)
-        if _fits(d, caps):
-            pts.append((c.latency_s, d, c.persistent_bytes, c.peak_bytes, (i,)))
+    for i in table.fitting(levels, caps).tolist():
+        blk, g = int(fr.block[i]), int(fr.num_gpus[i])
+        pts.append((table.points[i][0], demand_of(blk, g, levels), table.points[i][2],
+                    table.points[i][3], (i,)))
     return pts
 
 
@@ -227,7 +228,7 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
     and finally no cap.
     """
     wf = problem.workflow
-    fronts = {s.name: s.table.front for s in problem.spaces}
+    fronts = {s.name: s.table.front for s in problem.spaces}  # records built when picked
     cap = problem.caps
     pts = {s.name: _stage_points(s.table, problem.levels, cap) for s in problem.spaces}
     lanes = wf.lanes
@@ -256,7 +257,7 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
 def _solve_within(
     problem: Problem,
     pts: dict[str, Sequence[Point]],
-    fronts: dict[str, tuple[Costed, ...]],
+    fronts: Mapping[str, Sequence[Costed]],
     lbs: list[list[float]],
     limit: float,
 ) -> dict[str, Costed] | None:

@@ -75,7 +75,7 @@ class StageSpace:
         if len(self.levels) == 1:
             sizes = self.table.gpu_counts
             return bool(sizes) and sizes[0] <= self.caps[0]
-        return any(_fits(c, self.levels, self.caps) for c in self.table.front)
+        return len(self.table.fitting(self.levels, self.caps)) > 0
 
     @property
     def feasible(self) -> tuple[Costed, ...]:

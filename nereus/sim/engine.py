@@ -2,8 +2,10 @@
 
 Each simulated step: read the GPU pool at the current simulated wall-clock time from the GPU
 trace and the generated length from the length trace; let the policy decide (and pay for) a
-transition; run the step, whose true time comes from :class:`~nereus.sim.truth.HiddenTruth`;
-feed the profiler's samples to calibration. When the pool is empty the job waits (``wait_s``,
+transition; run the step, whose true time comes from a truth (:mod:`nereus.sim.truth`); feed the
+measured stage times (``samples="stages"``, what `nereus run` measures: each model-stage's time
+blended into its op classes by ``nereus.cost.stage_calibration``) or a profiler's op-level
+samples (``samples="ops"``) to calibration. When the pool is empty the job waits (``wait_s``,
 not counted as step time).
 
 Policies:
@@ -17,6 +19,7 @@ Policies:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,16 +29,19 @@ from nereus.control.controller import ControllerState, controller_step
 from nereus.control.planner_port import SearchPort, plan_step_s, setup_for
 from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration
+from nereus.cost.latency import stage_latency
+from nereus.cost.stage_calibration import stage_time_samples
 from nereus.errors import ConfigError
 from nereus.plan.candidates import CostCache
 from nereus.sim.traces import GpuTrace, LengthTrace
-from nereus.sim.truth import HiddenTruth
+from nereus.sim.truth import Truth
 from nereus.spec.hardware import OpClass
 from nereus.spec.job import Setup
 from nereus.spec.model import state_bytes_per_param
 from nereus.spec.plan import ExecutionPlan
 
 POLICIES = ("nereus", "static", "dynarl", "every-k", "oracle")
+SAMPLES = ("stages", "ops")
 # Checkpoint/restart (when no transition DAG exists): relaunch and engine start-up, plus writing
 # and reading the whole logical state through the parallel filesystem at this rate.
 RESTART_BASE_S = 120.0
@@ -50,8 +56,11 @@ class SimConfig:
     every_k: int = 10
     seed: int = 0
     max_wait_s: float = 30 * 86400.0  # give up when the pool stays empty this long
+    samples: str = "stages"  # what calibration learns from: measured stage times, or op samples
 
     def __post_init__(self) -> None:
+        if self.samples not in SAMPLES:
+            raise ConfigError("--samples", self.samples, f"must be one of {', '.join(SAMPLES)}")
         if self.policy not in POLICIES:
             raise ConfigError("--policy", self.policy, f"must be one of {', '.join(POLICIES)}")
         if self.steps <= 0:
@@ -91,6 +100,11 @@ class SimResult:
     records: tuple[StepRecord, ...]
     final_calibration: Calibration
 
+    @property
+    def pool_changes(self) -> int:
+        """Changes of the GPU pool between consecutive simulated steps."""
+        return sum(1 for a, b in itertools.pairwise(self.records) if a.pool_gpus != b.pool_gpus)
+
     def summary(self) -> dict[str, object]:
         return {
             "policy": self.policy,
@@ -99,6 +113,7 @@ class SimResult:
             "total_s": self.total_s,
             "transitions": self.transitions,
             "transition_s": self.transition_s,
+            "pool_changes": self.pool_changes,
         }
 
 
@@ -149,7 +164,7 @@ class _Clock:
 
 
 def _controller_outcome(
-    adm: Admission | None, plan: ExecutionPlan | None, truth: HiddenTruth, step: int, restart_cost: float
+    adm: Admission | None, plan: ExecutionPlan | None, truth: Truth, step: int, restart_cost: float
 ) -> tuple[str, float, ExecutionPlan | None]:
     if adm is None:
         return "", 0.0, plan
@@ -168,7 +183,7 @@ def _baseline_outcome(
     obs: Observation,
     plan: ExecutionPlan | None,
     layouts: dict[str, tuple[int, int]] | None,
-    truth: HiddenTruth,
+    truth: Truth,
     step: int,
     restart_cost: float,
     pool_changed: bool,
@@ -177,7 +192,7 @@ def _baseline_outcome(
     current_ok = plan is not None and port.evaluate(plan, obs).feasible
     found: tuple[ExecutionPlan, float] | None = None
     if cfg.policy == "oracle":
-        found = replace(port, calib=truth.calibration).search(obs)
+        found = replace(port, calib=truth.oracle_calibration(port.setup.cluster.gpu)).search(obs)
     elif cfg.policy == "every-k":
         if not current_ok or step % cfg.every_k == 0:
             found = port.search(obs)
@@ -198,12 +213,32 @@ def _baseline_outcome(
     return "transition", truth.transition_s(planned.cost_s, step), target
 
 
+def _calibrated(
+    cfg: SimConfig, calib: Calibration, setup: Setup, plan: ExecutionPlan,
+    measured: dict[str, float], truth: Truth, step: int, alpha: float,
+) -> Calibration:
+    """``calib`` after the step's samples: measured stage times or profiled op samples."""
+    gpu = setup.cluster.gpu
+    if cfg.samples == "ops":
+        for op, ideal_s, measured_s in truth.op_samples(gpu, step):
+            calib = calib.with_time_sample(gpu, op, ideal_s, measured_s, alpha)
+        return calib
+    wf, gpn = setup.job.workflow, setup.cluster.gpus_per_node
+    base = calib  # every model-stage is attributed against the same prediction
+    for sp in plan.stages:
+        lat = stage_latency(setup, wf.by_name(sp.name), sp.candidate, base)
+        samples = stage_time_samples(lat, measured[sp.name], gpu, base, inter_node=sp.num_gpus > gpn)
+        for op, ideal_s, sample_s in samples:
+            calib = calib.with_time_sample(gpu, op, ideal_s, sample_s, alpha)
+    return calib
+
+
 def simulate(
     setup: Setup,
     gpu_trace: GpuTrace,
     lengths: LengthTrace,
     cfg: SimConfig,
-    truth: HiddenTruth,
+    truth: Truth,
     start_calibration: Calibration,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
@@ -266,15 +301,14 @@ def simulate(
             transition_total += trans_s
         s_now = setup_for(setup, obs)
         predicted = plan_step_s(s_now, plan, calib)
-        step_s, _ = truth.step_s(s_now, plan, step)
+        step_s, measured = truth.step_s(s_now, plan, step)
         records.append(StepRecord(
             step, clock.t_s, len(pool), lp.mean, step_s, predicted, trans_s, event,
             plan_label(plan), max(g for sp in plan.stages for g in sp.gpus),
             plan.to_dict() if event else {}, triggers, adm_row,
         ))
         clock.t_s += trans_s + step_s
-        for op, ideal_s, measured_s in truth.op_samples(gpu, step):
-            calib = calib.with_time_sample(gpu, op, ideal_s, measured_s, spec.calibration_alpha)
+        calib = _calibrated(cfg, calib, s_now, plan, measured, truth, step, spec.calibration_alpha)
         if progress is not None:
             progress(step + 1, cfg.steps)
 

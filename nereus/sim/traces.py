@@ -23,6 +23,8 @@ from typing import Any
 
 from nereus.errors import ConfigError
 
+REBASE_LEAD_S = 60.0  # a rebased fault trace's first event, seconds into the run
+
 
 @dataclass(frozen=True)
 class GpuTrace:
@@ -83,9 +85,11 @@ def _read_json(path: Path) -> Any:
 
 
 def load_spot_trace(
-    path: str | Path, gpus_per_node: int, max_gpus: int | None = None
+    path: str | Path, gpus_per_node: int, max_gpus: int | None = None, time_scale: float = 1.0
 ) -> GpuTrace:
-    """Available GPUs from a spot trace: nodes per tick × ``gpus_per_node``, capped at ``max_gpus``."""
+    """Available GPUs from a spot trace: nodes per tick × ``gpus_per_node``, capped at ``max_gpus``;
+    tick times multiplied by ``time_scale`` (< 1 compresses the trace). The trace starts with the
+    run."""
     p = Path(path)
     d = _read_json(p)
     if not isinstance(d, dict) or "data" not in d or "metadata" not in d:
@@ -102,18 +106,31 @@ def load_spot_trace(
             raise ConfigError(f"{p}: data[{i}]", n, "must be a non-negative integer node count")
         g = n * gpus_per_node
         gpus.append(min(g, max_gpus) if max_gpus is not None else g)
-    return GpuTrace(tuple(float(i * gap) for i in range(len(gpus))), tuple(gpus))
+    _check_scale(time_scale)
+    return GpuTrace(tuple(float(i * gap) * time_scale for i in range(len(gpus))), tuple(gpus))
+
+
+def _check_scale(time_scale: float) -> None:
+    if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or not (
+        math.isfinite(time_scale) and time_scale > 0
+    ):
+        raise ConfigError("--trace-time-scale", time_scale, "must be a number > 0")
 
 
 def load_fault_trace(
-    path: str | Path, num_nodes: int, gpus_per_node: int, time_scale: float = 1.0
+    path: str | Path, num_nodes: int, gpus_per_node: int, time_scale: float = 1.0,
+    rebase: bool = True,
 ) -> GpuTrace:
     """Available GPUs of a ``num_nodes`` cluster under a fault trace.
 
     The first ``num_nodes`` distinct node ids of the trace (in order of first appearance) are our
     nodes; a node is unavailable between its fault_start and fault_end. Times are trace days
-    converted to seconds and multiplied by ``time_scale`` (< 1 compresses the trace).
+    converted to seconds and multiplied by ``time_scale`` (< 1 compresses the trace). With
+    ``rebase`` (the default) the trace is shifted so that its first event falls
+    ``REBASE_LEAD_S`` after the run's start (on the full pool): the raw trace begins months into
+    the cluster's life, far beyond any simulated run.
     """
+    _check_scale(time_scale)
     p = Path(path)
     d = _read_json(p)
     if not isinstance(d, list):
@@ -140,6 +157,9 @@ def load_fault_trace(
         t_s = float(t) * 86400.0 * time_scale
         events.append((t_s, nodes[nid], 1 if kind == "fault_start" else -1))
     events.sort()
+    if rebase and events:
+        t0 = events[0][0] - REBASE_LEAD_S
+        events = [(t - t0, n, dlt) for t, n, dlt in events]
     down: dict[int, int] = {}
     times = [0.0]
     gpus = [num_nodes * gpus_per_node]

@@ -1,14 +1,26 @@
-"""The hidden truth of a simulated cluster: real efficiencies, noise, measured samples.
+"""The hidden truth of a simulated cluster: what a step really takes, and what a profiler sees.
 
-True step times come from the same cost model evaluated with *hidden* efficiencies (which the
-controller never sees) and multiplicative log-normal noise; the controller only sees measured
-op-level samples (as a profiler would report kernel and collective times) and must calibrate.
+A truth answers the simulator's questions (:class:`Truth`): the measured time of every
+model-stage of a placed plan in a step, the op-level samples a profiler would report, the real
+time of a planned transition, and the calibration the oracle policy plans with. Three exist:
+
+- :class:`HiddenTruth` (``--truth planner``): the planner's own cost model evaluated with
+  *hidden* efficiencies and log-normal noise. Calibration can learn it exactly, so it cannot
+  reveal an error of the model's form; kept as the easy reference.
+- :class:`nereus.sim.shape_truth.ShapeTruth` (``--truth shape``, the default): a model of a
+  different form (shape-dependent efficiency from the measured H200 op table, message-size
+  dependent links, stragglers, longest-sequence decode rounds, noise).
+- :class:`nereus.sim.replay.ReplayTruth` (``--truth replay:FILE``): measured stage times replayed
+  where the plan matches a measurement (verl step logs, `nereus run` HDF5 logs), the shape truth
+  scaled to those measurements elsewhere.
+
 Deterministic for its seed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -35,6 +47,23 @@ def hidden_calibration(base: Calibration, gpu: GpuSpec, seed: int, spread: float
         f = 1.0 + spread * (2.0 * float(rng.random()) - 1.0)
         rows.append((gpu.name, op.value, min(0.95, base.efficiency(gpu, op) * f)))
     return Calibration(tuple(sorted(rows)))
+
+
+class Truth(Protocol):
+    """What the simulator asks of a truth (module docstring)."""
+
+    def step_s(self, setup: Setup, plan: ExecutionPlan, step: int) -> tuple[float, dict[str, float]]:
+        """The step's critical path and the measured seconds of every model-stage."""
+        ...
+
+    def op_samples(self, gpu: GpuSpec, step: int) -> tuple[tuple[OpClass, float, float], ...]:
+        ...
+
+    def transition_s(self, predicted_s: float, step: int) -> float:
+        ...
+
+    def oracle_calibration(self, gpu: GpuSpec) -> Calibration:
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,3 +100,6 @@ class HiddenTruth:
 
     def transition_s(self, predicted_s: float, step: int) -> float:
         return predicted_s * self._noise(step, 99)
+
+    def oracle_calibration(self, gpu: GpuSpec) -> Calibration:
+        return self.calibration

@@ -50,6 +50,20 @@ A100_64GB = GpuSpec(
     name="a100-64gb", vendor="nvidia", memory_bytes=64 * 10**9, peak_flops=312e12,
     hbm_gbps=2039.0, intra_node_gbps=300.0, inter_node_gbps=25.0,
 )
+# Datasheet figures (data/SOURCES.md): dense bf16 peak, HBM bandwidth, unidirectional NVLink /
+# Infinity Fabric per device, one 200 / 400 Gb/s NIC per GPU.
+A100_80GB = GpuSpec(  # NVIDIA A100 80GB SXM: 312 TFLOP/s, 2,039 GB/s, NVLink 600 GB/s bidirectional
+    name="a100-80gb", vendor="nvidia", memory_bytes=80 * 10**9, peak_flops=312e12,
+    hbm_gbps=2039.0, intra_node_gbps=300.0, inter_node_gbps=25.0,
+)
+H100_80GB = GpuSpec(  # NVIDIA H100 SXM 80GB: 989.4 TFLOP/s, 3.35 TB/s, NVLink 900 GB/s bidirectional
+    name="h100-80gb", vendor="nvidia", memory_bytes=80 * 10**9, peak_flops=989.4e12,
+    hbm_gbps=3350.0, intra_node_gbps=450.0, inter_node_gbps=50.0,
+)
+MI300X = GpuSpec(  # AMD Instinct MI300X: 1,307.4 TFLOP/s, 5.3 TB/s, 7 xGMI links x 64 GB/s
+    name="mi300x", vendor="amd", memory_bytes=192 * 10**9, peak_flops=1307.4e12,
+    hbm_gbps=5300.0, intra_node_gbps=448.0, inter_node_gbps=50.0,
+)
 # One Graphics Compute Die of an MI250X (each card is two GCDs, each its own device).
 MI250X_GCD = GpuSpec(
     name="mi250x-gcd", vendor="amd", memory_bytes=64 * 10**9, peak_flops=191.5e12,
@@ -61,7 +75,9 @@ CPU_VIRTUAL = GpuSpec(
     hbm_gbps=10.0, intra_node_gbps=2.0, inter_node_gbps=1.0, comm_setup_s=0.015,
 )
 
-GPU_PRESETS: dict[str, GpuSpec] = {g.name: g for g in (H200, A100_64GB, MI250X_GCD, CPU_VIRTUAL)}
+GPU_PRESETS: dict[str, GpuSpec] = {
+    g.name: g for g in (H200, A100_64GB, A100_80GB, H100_80GB, MI250X_GCD, MI300X, CPU_VIRTUAL)
+}
 
 
 @dataclass(frozen=True)

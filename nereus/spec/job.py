@@ -21,6 +21,32 @@ class ControllerSpec:
     horizon_alpha: float = 0.5  # EMA weight of a new interval between threshold crossings
 
 
+PIPELINE_SPLITS = ("even", "uneven")
+
+
+@dataclass(frozen=True)
+class PlanSpace:
+    """Which pipeline depths and DP degrees the planner may propose (DESIGN.md §3, issue 20).
+
+    - ``pipeline``: ``"even"``: ``pp`` divides the layers; ``"uneven"``: also depths that do not,
+      split as Megatron allows (``nereus.spec.model.pipeline_split``: middle stages even, the
+      first and last share the rest); of the depths with the same largest stage only the smallest
+      is proposed.
+    - ``uneven_dp``: ``dp`` need not divide the sequences of a model-stage: replicas take
+      ``⌈n/dp⌉`` or ``⌊n/dp⌋`` of them (generation and inference: prompts; training: sequences of
+      an update, the loss normalized over the global batch); of the DP degrees with the same
+      largest share only the smallest is proposed. Costs and memory follow the largest share.
+    """
+
+    pipeline: str = "uneven"
+    uneven_dp: bool = True
+
+
+# What `nereus run`'s runtime executes today: pipeline stages with equal layers (its Megatron
+# stage models and shard rules) and DP degrees that divide the batch (its even batch split).
+RUNTIME_PLAN_SPACE = PlanSpace(pipeline="even", uneven_dp=False)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     algorithm: str  # "ppo" | "grpo" | "remax"
@@ -40,6 +66,14 @@ class JobSpec:
     # sequence packing or continuous batching: nereus run's engines): time then follows the
     # longest (p95) length, as memory does, instead of the mean.
     static_batches: bool = False
+    space: PlanSpace = field(default_factory=PlanSpace)
+    # Activation memory without the s² attention scores (flash / memory-efficient SDPA kernels:
+    # Megatron-core with Transformer Engine or flash-attn, vLLM, torch SDPA).
+    flash_attention: bool = True
+    # Megatron's distributed optimizer (ZeRO-1): fp32 master weights and Adam moments sharded
+    # over the DP replicas. The EMU runtime keeps whole replicas (DESIGN.md §2.2), so only the
+    # planner and the simulator use it.
+    distributed_optimizer: bool = False
 
     def model(self, role: str) -> ModelSpec:
         for r, m in self.models:

@@ -15,6 +15,42 @@ def state_bytes_per_param(dtype_bytes: int, trainable: bool) -> int:
     return dtype_bytes + (ADAM_FP32_BYTES_PER_PARAM if trainable else 0)
 
 
+def pipeline_split(num_layers: int, pp: int) -> tuple[int, int, int]:
+    """Layers of the first, of every middle and of the last pipeline stage of ``pp`` stages.
+
+    Megatron's split (``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``,
+    the middle stages even): when ``pp`` divides the layers every stage takes ``num_layers / pp``;
+    otherwise the middle stages take ``m = ⌈L/pp⌉`` and the first and last share the rest
+    ``r = L − (pp − 2)·m`` (first ``⌈r/2⌉``, last ``⌊r/2⌋``: the last stage also runs the output
+    head), so no stage has more than ``⌈L/pp⌉`` layers; where ``r < 2`` the middle stages take
+    ``⌊L/pp⌋`` instead. With ``pp == 2`` the first stage takes ``⌈L/2⌉``. With ``pp == 1`` all three
+    are ``L``. Requires ``1 <= pp <= num_layers``.
+    """
+    if not 1 <= pp <= num_layers:
+        raise ValueError(f"pp={pp} must be in [1, {num_layers}]")
+    if num_layers % pp == 0:
+        q = num_layers // pp
+        return q, q, q
+    if pp == 2:
+        first = -(-num_layers // 2)
+        return first, first, num_layers - first
+    mid = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * mid
+    if rest < 2:
+        mid = num_layers // pp
+        rest = num_layers - (pp - 2) * mid
+    first = -(-rest // 2)
+    return first, mid, rest - first
+
+
+def stage_layer_counts(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers of each of the ``pp`` pipeline stages (:func:`pipeline_split`)."""
+    first, mid, last = pipeline_split(num_layers, pp)
+    if pp == 1:
+        return (num_layers,)
+    return (first, *([mid] * (pp - 2)), last)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One decoder-only transformer architecture.
@@ -119,6 +155,12 @@ QWEN3_32B = ModelSpec(
     num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936, qk_norm=True,
     max_seq_len=40960,
 )
+# Qwen/Qwen2.5-0.5B config.json (the model of the verl step logs in shared/data/verl-logs).
+QWEN2_5_0_5B = ModelSpec(
+    name="qwen2.5-0.5b", num_layers=24, hidden_size=896, ffn_hidden_size=4864,
+    num_attention_heads=14, num_kv_heads=2, vocab_size=151936, tie_embeddings=True,
+    max_seq_len=32768,
+)
 # Small models that run on CPU ranks under gloo (character-level vocabulary).
 TINY_GPT = ModelSpec(
     name="tiny-gpt", num_layers=4, hidden_size=64, ffn_hidden_size=256,
@@ -139,5 +181,6 @@ MEDIUM_GPT = ModelSpec(
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
-    for m in (LLAMA_3_1_8B, LLAMA_3_3_70B, QWEN3_14B, QWEN3_32B, TINY_GPT, SMALL_GPT, MEDIUM_GPT)
+    for m in (LLAMA_3_1_8B, LLAMA_3_3_70B, QWEN3_14B, QWEN3_32B, QWEN2_5_0_5B, TINY_GPT,
+              SMALL_GPT, MEDIUM_GPT)
 }

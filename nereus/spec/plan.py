@@ -35,7 +35,9 @@ class StagePlan:
     ``r`` (TP fastest, as in Megatron's rank order). Per replica, ``micro_batch`` sequences per
     micro-batch and ``grad_accum`` micro-batches per update, so that
     ``dp * micro_batch * grad_accum`` equals the sequences of one update (training) or of the step
-    (generation and inference).
+    (generation and inference) — in the planner's uneven space (``PlanSpace.uneven_dp``)
+    ``micro_batch * grad_accum`` is the largest replica's share ``⌈n/dp⌉`` instead (generation:
+    rounds covering it, the last one possibly partial); `nereus run` plans only the former.
     """
 
     name: str

@@ -193,3 +193,27 @@ def test_bad_dict_is_config_error(bad: object, field_part: str) -> None:
         Calibration.from_dict(bad)
     assert err.value.field.startswith(field_part)
     assert "\n" not in str(err.value)
+
+
+def test_published_presets_recomputed_from_their_sources() -> None:
+    """data/SOURCES.md, "GPU presets": MAMF fractions × the H200's layer/best-shape ratio; the
+    attention share of the H200; all-reduce bus bandwidth over the link, capped at 0.95."""
+    from nereus.cost.published_defaults import PUBLISHED_EFFICIENCY
+    from nereus.spec.hardware import A100_80GB, H100_80GB, MI250X_GCD, MI300X
+
+    factor = H200_EFFICIENCY["gemm"] / (794.5 / 989.0)
+    mamf = {"a100-80gb": 271.2 / 312, "h100-80gb": 794.5 / 989, "mi300x": 668.4 / 1300}
+    bus = {"a100-80gb": 240 / 300, "h100-80gb": 0.95, "mi300x": 48 / 64}
+    c = default_calibration()
+    for gpu in (A100_80GB, H100_80GB, MI300X):
+        eff = PUBLISHED_EFFICIENCY[gpu.name]
+        assert eff["gemm"] == pytest.approx(mamf[gpu.name] * factor, abs=2e-3)
+        assert eff["attention"] == pytest.approx(
+            eff["gemm"] * H200_EFFICIENCY["attention"] / H200_EFFICIENCY["gemm"], abs=1e-4)
+        assert eff["allreduce-intra"] == pytest.approx(bus[gpu.name], abs=1e-4)
+        for op in OPS:  # classes without a public measurement start conservative
+            want = eff.get(op.value, CONSERVATIVE_EFFICIENCY)
+            assert c.efficiency(gpu, op) == want
+    # the H100 and the H200 share the silicon: the same GEMM default
+    assert PUBLISHED_EFFICIENCY["h100-80gb"]["gemm"] == H200_EFFICIENCY["gemm"]
+    assert all(c.efficiency(MI250X_GCD, op) == CONSERVATIVE_EFFICIENCY for op in OPS)

@@ -23,7 +23,8 @@ def test_simulate_json_on_a_spot_trace(policy: str, capsys: pytest.CaptureFixtur
     assert rc == 0
     assert out["policy"] == policy and out["steps"] == 6
     assert out["total_s"] > 0 and out["mean_step_s"] == pytest.approx(out["total_s"] / 6)
-    assert set(out) == {"policy", "steps", "mean_step_s", "total_s", "transitions", "transition_s"}
+    assert set(out) == {"policy", "steps", "mean_step_s", "total_s", "transitions", "transition_s",
+                        "pool_changes"}
 
 
 def test_simulate_on_the_fault_trace(capsys: pytest.CaptureFixture[str]) -> None:

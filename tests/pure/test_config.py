@@ -18,7 +18,7 @@ from nereus.config.job import CONTROLLER_KEYS, JOB_KEYS
 from nereus.config.models import ARCH_KEYS
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GPU_PRESETS, ClusterSpec, GpuSpec
-from nereus.spec.job import ControllerSpec, JobSpec
+from nereus.spec.job import RUNTIME_PLAN_SPACE, ControllerSpec, JobSpec, PlanSpace
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ("too long for the model", with_("job.gen_len", 200_000), "job.gen_len",
      "exceeds max_seq_len=131072 of models.actor"),
     ("unknown gpu preset", with_("cluster.gpu", "h100"), "cluster.gpu",
-     "allowed: h200, a100-64gb, mi250x-gcd, cpu"),
+     "allowed: h200, a100-64gb, a100-80gb, h100-80gb, mi250x-gcd, mi300x, cpu"),
     ("missing gpu", without("cluster.gpu"), "cluster.gpu", "missing"),
     ("gpu not a string", with_("cluster.gpu", {"name": "h200"}), "cluster.gpu",
      "unknown GPU preset"),
@@ -282,10 +282,26 @@ def test_the_examples_the_readme_promises_exist() -> None:
     assert setup.job.model("actor").name == "llama-3.1-8b"
 
 
+def test_plan_space_and_memory_keys_reach_the_job() -> None:
+    base = {"models": {"actor": "llama-3.1-8b", "critic": "llama-3.1-8b",
+                       "reward": "llama-3.1-8b"},
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-80gb"}}
+    job = parse_config(base).setup.job
+    assert (job.space, job.flash_attention, job.distributed_optimizer) == (PlanSpace(), True, False)
+    job = parse_config({**base, "job": {"pipeline_split": "even", "uneven_dp": False,
+                                        "flash_attention": False,
+                                        "distributed_optimizer": True}}).setup.job
+    assert job.space == RUNTIME_PLAN_SPACE and not job.flash_attention and job.distributed_optimizer
+    with pytest.raises(ConfigError) as exc:
+        parse_config({**base, "job": {"pipeline_split": "odd"}})
+    assert exc.value.field == "job.pipeline_split"
+
+
 def test_schema_keys_cover_the_spec_fields_and_the_docs() -> None:
     assert set(ARCH_KEYS) - {"preset"} == {f.name for f in dataclasses.fields(ModelSpec)}
-    assert set(JOB_KEYS) == {f.name for f in dataclasses.fields(JobSpec)} - {"models",
-                                                                              "controller"}
+    # the plan space (JobSpec.space) is given as two flat keys
+    assert set(JOB_KEYS) == ({f.name for f in dataclasses.fields(JobSpec)}
+                             - {"models", "controller", "space"}) | {"pipeline_split", "uneven_dp"}
     assert set(CONTROLLER_KEYS) == {f.name for f in dataclasses.fields(ControllerSpec)}
     assert {"name", "vendor", "memory_bytes", "peak_flops"} <= {
         f.name for f in dataclasses.fields(GpuSpec)

@@ -29,11 +29,13 @@ ROLES = ("actor", "critic", "reward", "reference")
 def make_setup(
     model: str = "llama-3.1-8b", gpu: str = "a100-64gb", nodes: int = 2, global_batch: int = 64,
     prompt_len: int = 1024, gen_len: int = 2048, gen_len_p95: int = 0, algorithm: str = "ppo",
+    flash_attention: bool = True, distributed_optimizer: bool = False,
 ) -> Setup:
     m = MODEL_PRESETS[model]
     job = JobSpec(
         algorithm=algorithm, mode="sync", models=tuple((r, m) for r in ROLES),
         global_batch=global_batch, prompt_len=prompt_len, gen_len=gen_len, gen_len_p95=gen_len_p95,
+        flash_attention=flash_attention, distributed_optimizer=distributed_optimizer,
     )
     return Setup(job, ClusterSpec(nodes, 8, GPU_PRESETS[gpu]))
 
@@ -70,7 +72,8 @@ def test_weights_grads_adam_exact_for_llama_8b() -> None:
 
 
 def test_training_activations_formula_no_recompute() -> None:
-    s = make_setup(gen_len=1000, gen_len_p95=3072)  # memory uses the p95: s = 1024 + 3072
+    # the DESIGN formula with materialized attention scores
+    s = make_setup(gen_len=1000, gen_len_p95=3072, flash_attention=False)  # s = 1024 + 3072
     ms = s.job.workflow.by_name("actor-train")
     c = cand(s, "actor-train", tp=2, pp=2, dp=4, mb=2)  # grad_accum = 8
     seq, b, h, a, t = 4096, 2, 4096, 32, 2
@@ -83,6 +86,28 @@ def test_training_activations_formula_no_recompute() -> None:
     assert r0.workspace_bytes == WORKSPACE_BYTES
     worst = stage_memory(s, ms, c, CALIB)
     assert worst.peak_bytes == max(r0.peak_bytes, r1.peak_bytes)
+    # flash / SDPA kernels never store the s × s scores: 34·s·b·h/t per layer
+    f = make_setup(gen_len=1000, gen_len_p95=3072)
+    f0 = rank_memory(f, ms, c, CALIB, 0)
+    assert f0.activations_bytes == 2 * 16 * (seq * b * 34 * h // t)
+    assert f0.persistent_bytes == r0.persistent_bytes
+
+
+def test_distributed_optimizer_shards_adam_state_over_dp() -> None:
+    plain = make_setup()
+    sharded = make_setup(distributed_optimizer=True)
+    ms = plain.job.workflow.by_name("actor-train")
+    for dp in (1, 2, 4):
+        c = cand(plain, "actor-train", tp=2, pp=2, dp=dp)
+        for r in range(2):
+            a = rank_memory(plain, ms, c, CALIB, r)
+            b = rank_memory(sharded, ms, c, CALIB, r)
+            assert b.optimizer_bytes == -(-a.optimizer_bytes // dp)
+            assert (b.weights_bytes, b.grads_bytes, b.activations_bytes) == (
+                a.weights_bytes, a.grads_bytes, a.activations_bytes)
+    # inference and generation hold no optimizer state either way
+    ref = sharded.job.workflow.by_name("ref-inf")
+    assert stage_memory(sharded, ref, cand(sharded, "ref-inf", 2, 1, 4), CALIB).optimizer_bytes == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -235,7 +260,7 @@ def test_paper_layouts_on_a100() -> None:
     cap = memory_capacity_bytes(make_setup())
     peak_gb = {}
     for gen in (2048, 4096):
-        s = make_setup(gen_len=gen, global_batch=64)
+        s = make_setup(gen_len=gen, global_batch=64, flash_attention=False)
         ms = s.job.workflow.by_name("actor-train")
         for dp, tp, pp in ((4, 2, 2), (4, 4, 1)):
             plain = stage_memory(s, ms, cand(s, "actor-train", tp, pp, dp), CALIB)

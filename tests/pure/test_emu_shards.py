@@ -18,7 +18,7 @@ from nereus.emu.shards import (
 )
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
-from nereus.spec.model import TINY_GPT, ModelSpec
+from nereus.spec.model import TINY_GPT, ModelSpec, stage_layer_counts
 
 
 def _coverage(spec: ModelSpec, layout: Layout) -> dict[str, int]:
@@ -66,4 +66,21 @@ def test_bad_layout_is_config_error() -> None:
     with pytest.raises(ConfigError):
         check_layout(TINY_GPT, Layout(4, 1))
     with pytest.raises(ConfigError):
-        check_layout(TINY_GPT, Layout(1, 3))
+        check_layout(TINY_GPT, Layout(1, 3))  # the runtime's rule: pp divides the layers
+    check_layout(TINY_GPT, Layout(1, 3), uneven_pipeline=True)  # the planner's uneven space
+    with pytest.raises(ConfigError):
+        check_layout(TINY_GPT, Layout(1, 5), uneven_pipeline=True)  # more stages than layers
+
+
+@pytest.mark.parametrize("pp", [3])
+def test_uneven_pipeline_shards_follow_megatron_split(pp: int) -> None:
+    """pp = 3 over 4 layers: stages of 1, 2, 1 layers (middle ⌈L/pp⌉, the first and last share
+    the rest); every tensor is still held exactly once."""
+    spec = TINY_GPT
+    layout = Layout(2, pp)
+    counts = _coverage(spec, layout)
+    for t in tensor_specs(spec):
+        assert counts[t.name] == Box.of_shape(t.global_shape).volume, t.name
+    ranges = [list(stage_layers(spec, pp, p)) for p in range(pp)]
+    assert [len(r) for r in ranges] == list(stage_layer_counts(spec.num_layers, pp)) == [1, 2, 1]
+    assert [layer for r in ranges for layer in r] == list(range(spec.num_layers))

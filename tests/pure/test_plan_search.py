@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from support.plan_cases import CALIB, llama_setup, pools, problem_of, random_feasible_choice, setups
 
-from nereus.cost.memory import gpu_memory, memory_capacity_bytes
+from nereus.cost.latency import stage_latency
+from nereus.cost.memory import gpu_memory, memory_capacity_bytes, rank_memory, stage_memory
 from nereus.errors import ConfigError, InfeasiblePlanError
 from nereus.plan import dp
 from nereus.plan.assign import assign, placement_errors
@@ -18,6 +19,8 @@ from nereus.plan.candidates import (
     CostCache,
     dominates,
     enumerate_candidates,
+    frontier,
+    pipeline_depths,
     stage_sequences,
 )
 from nereus.plan.exhaustive import SearchLimitError
@@ -25,8 +28,15 @@ from nereus.plan.explain import explain, infeasible_to_json, plan_result_to_json
 from nereus.plan.problem import memory_bound_bytes, step_s
 from nereus.plan.search import PlanResult, search_plan
 from nereus.spec.hardware import A100_64GB, H200, ClusterSpec, GpuSpec
-from nereus.spec.job import JobSpec, Setup
-from nereus.spec.model import LLAMA_3_3_70B, MEDIUM_GPT, TINY_GPT
+from nereus.spec.job import RUNTIME_PLAN_SPACE, JobSpec, PlanSpace, Setup
+from nereus.spec.model import (
+    LLAMA_3_1_8B,
+    LLAMA_3_3_70B,
+    MEDIUM_GPT,
+    TINY_GPT,
+    stage_layer_counts,
+)
+from nereus.spec.plan import Candidate
 from nereus.spec.workflow import Workflow
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,7 +53,13 @@ def check_result(setup: Setup, pool: tuple[int, ...], res: PlanResult) -> None:
     gpn = setup.cluster.gpus_per_node
     for sp in res.plan.stages:
         ms = wf.by_name(sp.name)
-        assert sp.dp * sp.micro_batch * sp.grad_accum == stage_sequences(setup, ms)
+        seqs = stage_sequences(setup, ms)
+        share = -(-seqs // sp.dp)  # the largest share
+        if ms.kind == "generate" and setup.job.space.uneven_dp:  # the last round may be partial
+            assert sp.micro_batch * (sp.grad_accum - 1) < share <= sp.micro_batch * sp.grad_accum
+        else:
+            assert sp.micro_batch * sp.grad_accum == share
+        assert setup.job.space.uneven_dp or sp.dp * sp.micro_batch * sp.grad_accum == seqs
         assert len(sp.replicas) == sp.dp
         for rep in sp.replicas:
             assert len(set(rep)) == sp.tp * sp.pp and set(rep) <= set(pool)
@@ -188,6 +204,21 @@ def test_results_are_deterministic(data: st.DataObject) -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
+def test_vectorized_frontier_equals_the_reference(data: st.DataObject) -> None:
+    """The array frontier (pre-pruning, chunks, prefix-minimum table) keeps exactly the records,
+    in the same order, that the plain pairwise ``frontier`` keeps."""
+    setup = data.draw(setups(max_nodes=4, gpus_per_node=(2, 4, 8), max_batch=64))
+    for ms in setup.job.workflow.model_stages:
+        table = CostCache().table(setup, ms, CALIB)
+        assert tuple(table.front) == frontier(table.feasible)
+        # every candidate the table holds is costed as the one-row scalar model costs it
+        for c in table.feasible[:: max(1, len(table.feasible) // 7)]:
+            assert c.latency == stage_latency(setup, ms, c.cand, CALIB)
+            assert c.memory == stage_memory(setup, ms, c.cand, CALIB)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
 def test_frontier_holds_a_dominator_of_every_feasible_candidate(data: st.DataObject) -> None:
     setup = data.draw(setups())
     pool = data.draw(pools(setup))
@@ -202,19 +233,61 @@ def test_frontier_holds_a_dominator_of_every_feasible_candidate(data: st.DataObj
             assert any(dominates(f, c) for f in front)
 
 
-def test_candidates_follow_the_plan_space_rules() -> None:
-    setup = llama_setup(4, global_batch=96)
+@pytest.mark.parametrize("space", [PlanSpace(), RUNTIME_PLAN_SPACE])
+def test_candidates_follow_the_plan_space_rules(space: PlanSpace) -> None:
+    base = llama_setup(4, global_batch=96)
+    setup = replace(base, job=replace(base.job, space=space))
     wf = setup.job.workflow
+    depths = pipeline_depths(32, space.pipeline)
+    assert set(depths) >= {1, 2, 4, 8, 16, 32}
+    assert (3 in depths) == (space.pipeline == "uneven")  # 11, 11, 10 layers
     for ms in wf.model_stages:
         cands = enumerate_candidates(setup, ms, 32)
         assert cands
         seqs = stage_sequences(setup, ms)
         for c in cands:
-            assert c.tp in (1, 2, 4, 8) and c.pp in (1, 2, 4, 8, 16, 32)
-            assert c.num_gpus <= 32 and c.dp * c.micro_batch * c.grad_accum == seqs
+            assert c.tp in (1, 2, 4, 8) and c.pp in depths
+            size = c.tp * c.pp
+            assert (size <= 8 and size & (size - 1) == 0) or size % 8 == 0
+            share = -(-seqs // c.dp)
+            assert c.num_gpus <= 32
+            if ms.kind == "generate" and space.uneven_dp:  # rounds of b, the last one partial
+                assert c.micro_batch * (c.grad_accum - 1) < share <= c.micro_batch * c.grad_accum
+            else:
+                assert c.micro_batch * c.grad_accum == share
+            assert space.uneven_dp or c.dp * c.micro_batch * c.grad_accum == seqs
             assert c.recompute is False or ms.trainable
-        assert {c.dp for c in cands} >= {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}
+        dps = {c.dp for c in cands}
+        assert dps >= {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}
+        if space.uneven_dp:  # one degree per largest share: 5 replicas of ≤ 20 of 96, not 6
+            assert 5 in dps and 31 not in dps  # ⌈96/31⌉ = 4 = ⌈96/24⌉
+        else:
+            assert dps == {d for d in range(1, 33) if seqs % d == 0}
         assert any(c.recompute for c in cands) == ms.trainable
+
+
+@pytest.mark.parametrize("layers,pp", [(96, 12), (105, 35), (126, 16)])
+def test_planner_accepts_non_power_of_two_pipelines(layers: int, pp: int) -> None:
+    """Issue 20: pp 12 for a 96-layer model, pp 35 for a 105-layer one (and Megatron's uneven
+    16-stage split of 126 layers) are planned when memory allows, with the real layer counts."""
+    model = replace(LLAMA_3_1_8B, name=f"llama-{layers}", num_layers=layers, vocab_size=32000)
+    job = JobSpec(algorithm="ppo", mode="sync",
+                  models=(("actor", model), ("critic", model), ("reference", model)),
+                  global_batch=64, prompt_len=512, gen_len=512, reward_model=False)
+    setup = Setup(job, ClusterSpec(pp + 4, 8, H200))  # room for the concurrent critic-train
+    assert pp in pipeline_depths(layers, "uneven")
+    assert (pp in pipeline_depths(layers, "even")) == (layers % pp == 0)
+    res = search_plan(setup, CALIB, layouts={"actor-train": (8, pp)})
+    sp = res.plan.stage("actor-train")
+    assert (sp.tp, sp.pp) == (8, pp)
+    check_result(setup, setup.cluster.all_gpus(), res)
+    counts = stage_layer_counts(layers, pp)
+    assert sum(counts) == layers and max(counts) == -(-layers // pp)
+    ms = setup.job.workflow.by_name("actor-train")
+    ranks = [rank_memory(setup, ms, sp.candidate, CALIB, r) for r in range(pp)]
+    per_layer = LLAMA_3_1_8B.layer_params() // 8
+    for r, mb in enumerate(ranks):  # the weights follow the real layer counts
+        assert abs(mb.weights_bytes // 2 - counts[r] * per_layer) <= per_layer + 32000 * 4096 // 8
 
 
 def test_llama_8b_ppo_plans_and_matches_milp_at_64_gpus() -> None:
@@ -331,3 +404,26 @@ def test_pinned_layouts_are_kept() -> None:
     assert (res.plan.stage("actor-gen").tp, res.plan.stage("actor-gen").pp) == (2, 1)
     free = search_plan(setup, CALIB)
     assert free.predicted_step_s <= res.predicted_step_s
+
+
+def test_generation_rounds_follow_the_kv_capacity_in_the_uneven_space() -> None:
+    """12 prompts per replica: the uneven space also decodes 8 at a time (2 rounds, the second
+    partial) where the KV cache of 12 may not fit; the runtime's space keeps divisors."""
+    base = llama_setup(1, global_batch=96)
+    ms = base.job.workflow.by_name("actor-gen")
+    for space, want in ((PlanSpace(), {1, 2, 4, 8, 12}), (RUNTIME_PLAN_SPACE, {1, 2, 4, 12})):
+        setup = replace(base, job=replace(base.job, space=space))
+        got = {(c.micro_batch, c.grad_accum) for c in enumerate_candidates(setup, ms, 8)
+               if (c.tp, c.pp, c.dp) == (1, 1, 8)}
+        assert {b for b, _ in got} == want
+        assert all(a == -(-12 // b) for b, a in got)
+    uneven = replace(base, job=replace(base.job, space=PlanSpace()))
+    eight, twelve = Candidate(ms.name, 1, 1, 8, 8, 2), Candidate(ms.name, 1, 1, 8, 12, 1)
+    mem8 = stage_memory(uneven, ms, eight, CALIB).kv_cache_bytes
+    assert mem8 * 12 == stage_memory(uneven, ms, twelve, CALIB).kv_cache_bytes * 8
+    # two rounds of 8 cost more than one of 12 (memory-bound decode: weights read per round)
+    assert stage_latency(uneven, ms, eight, CALIB).total_s > stage_latency(uneven, ms, twelve, CALIB).total_s
+    for setup, bad in ((uneven, Candidate(ms.name, 1, 1, 8, 8, 1)),  # 8 < 12: does not cover
+                       (replace(base, job=replace(base.job, space=RUNTIME_PLAN_SPACE)), eight)):
+        with pytest.raises(ConfigError):
+            stage_latency(setup, ms, bad, CALIB)

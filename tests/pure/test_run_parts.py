@@ -35,6 +35,23 @@ def test_runtime_defaults_and_ranks_reshape_the_cluster() -> None:
     assert RunConfig.from_dict(rc.to_dict()) == rc
 
 
+def test_run_plans_in_the_runtime_space_and_rejects_the_distributed_optimizer() -> None:
+    """The runtime executes pipelines of equal stages and DP degrees that divide the batch; its
+    units keep whole optimizer states."""
+    from dataclasses import replace
+
+    from nereus.spec.job import RUNTIME_PLAN_SPACE, PlanSpace
+
+    cfg = load_config(EXAMPLE)
+    assert cfg.setup.job.space == PlanSpace()  # nereus plan / simulate: the whole space
+    _, setup = parse_runtime({}, cfg.setup)
+    assert setup.job.space == RUNTIME_PLAN_SPACE  # type: ignore[attr-defined]
+    sharded = replace(cfg.setup, job=replace(cfg.setup.job, distributed_optimizer=True))
+    with pytest.raises(ConfigError) as exc:
+        parse_runtime({}, sharded)
+    assert exc.value.field == "job.distributed_optimizer"
+
+
 def test_example_events_parse_and_cli_overrides_drop_those_outside_the_run() -> None:
     cfg = load_config(EXAMPLE)
     rc, _ = parse_runtime(cfg.section("runtime"), cfg.setup)

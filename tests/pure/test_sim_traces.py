@@ -9,6 +9,7 @@ import pytest
 
 from nereus.errors import ConfigError
 from nereus.sim.traces import (
+    REBASE_LEAD_S,
     load_fault_trace,
     load_length_trace,
     load_spot_trace,
@@ -36,9 +37,22 @@ def test_shared_spot_traces_have_many_changes(name: str) -> None:
 
 @needs_data
 def test_shared_fault_trace_takes_nodes_down_and_up() -> None:
-    tr = load_fault_trace(DATA / "fault-trace" / "fault_trace_first_half.json", 16, 8)
+    path = DATA / "fault-trace" / "fault_trace_first_half.json"
+    tr = load_fault_trace(path, 16, 8)
     assert tr.gpus[0] == 128 and min(tr.gpus) < 128 and tr.changes > 5
     assert all(g % 8 == 0 for g in tr.gpus)
+    # rebased: the first fault one minute into the run, not days into the trace
+    assert tr.times_s[1] == pytest.approx(REBASE_LEAD_S) and tr.gpus[1] < 128
+    raw = load_fault_trace(path, 16, 8, rebase=False)
+    assert raw.gpus == tr.gpus and raw.times_s[1] > 86400.0
+    offset = raw.times_s[1] - tr.times_s[1]
+    assert all(a - b == pytest.approx(offset) for a, b in zip(raw.times_s[1:], tr.times_s[1:], strict=True))
+    # the time scale compresses the gaps between events
+    fast = load_fault_trace(path, 16, 8, time_scale=0.01)
+    assert fast.gpus == tr.gpus
+    assert fast.times_s[2] - fast.times_s[1] == pytest.approx(0.01 * (tr.times_s[2] - tr.times_s[1]))
+    with pytest.raises(ConfigError, match="--trace-time-scale"):
+        load_fault_trace(path, 16, 8, time_scale=0.0)
 
 
 def test_length_trace_round_trip_and_interpolation(tmp_path: Path) -> None:
