@@ -38,10 +38,10 @@ DEFAULT_EFFICIENCIES: dict[str, dict[str, float]] = {
 # the paper's model has it) and communicator set-up at the preset's figure; a run refits them
 # from its measured times within a few steps. CPU ranks build units slowly (a Megatron model,
 # its optimizer and gloo groups per unit: dispatch-bound): a transition's builds and its own
-# fixed cost start from a fit of the README job's measured transitions (8 ranks on 2 cores,
-# 2026-12-03), refitted by every run.
+# fixed cost start from the README job's measured transitions (8 ranks on 2 cores, 2026-12-03:
+# 0.03-0.12 s per primitive that builds units, by the host's load), refitted by every run.
 CPU_FIXED_S: dict[str, float] = {
-    "unit-build": 1.1e-2,
+    "unit-build": 5e-2,
     "transition": 6e-2,
 }
 
