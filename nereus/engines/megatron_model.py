@@ -186,4 +186,6 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
         from nereus.engines.cpu_rope import CpuRotaryEmbedding
 
         model.rotary_pos_emb.__class__ = CpuRotaryEmbedding
+    if dtype != torch.float32:
+        model.to(dtype=dtype)  # norms too, as Megatron's Float16Module casts the whole model
     return model

@@ -170,7 +170,8 @@ class RankZero:
                 else set(self.ctl.pool) | node
             self.ctl.set_pool(sorted(pool))
             events.append(("gpu-pool-change", {**ev.to_dict(), "pool": list(self.ctl.pool)}))
-        obs = Observation(step + 1, r0["len_mean"], r0["len_p95"], self.ctl.pool, step_s=step_s)
+        obs = Observation(step + 1, r0["len_mean"], r0["len_p95"], self.ctl.pool, step_s=step_s,
+                          memory_violation=redo)
         return Observed(step, step_s, stage_s, peaks, [e for g in gathered for e in g["oom"]],
                         r0, pool_before, self.ctl.pool, events, obs)
 

@@ -19,9 +19,8 @@ given step on.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,36 +124,30 @@ class MemoryAccount:
         if used > self.capacity_bytes:
             self.events.append(OomEvent(self.global_rank, model_stage, used, self.capacity_bytes))
 
-    @contextlib.contextmanager
-    def guard(self, model_stage: str, redo: bool = True) -> Iterator[None]:
-        """Run a model-stage's work; an out-of-memory error becomes a fatal :class:`OomEvent`
-        (bytes held plus the allocation refused, against the capacity) and marks the step
-        ``halted``. ``redo``: the step can be redone — the error is swallowed and the caller
-        skips what depended on it; otherwise :class:`DeviceOutOfMemory` is raised."""
-        try:
-            if self.inject_at is not None and self.step == self.inject_at:
-                self.inject_at = None
-                self._inject()
-            yield
-        except torch.OutOfMemoryError as e:
-            first = str(e).splitlines()[0] if str(e) else "out of memory"
-            held = self.device_memory.in_use() if self.device_memory is not None else 0
-            if self.device_memory is not None:
-                self.device_memory.release()
-            asked = requested_bytes(str(e))
-            peak = self.reserve_bytes + held + (asked if asked is not None else 1)
-            peak = max(peak, self.capacity_bytes + 1)
-            self.events.append(OomEvent(self.global_rank, model_stage, peak,
-                                        self.capacity_bytes, "allocator", True, first[:200]))
-            self.peak_bytes = max(self.peak_bytes, peak)
-            self.halted = True
-            if not redo:
-                raise DeviceOutOfMemory(
-                    f"rank {self.global_rank}: out of device memory in {model_stage} at step "
-                    f"{self.step} during training ({first[:160]}); the step cannot be redone "
-                    "once an update ran") from e
+    def guard(self, model_stage: str, redo: bool = True) -> OomGuard:
+        """A context for a model-stage's work: an out-of-memory error inside becomes a fatal
+        :class:`OomEvent` (bytes held plus the allocation refused, against the capacity) and
+        marks the step ``halted``. ``redo``: the step can be redone — the error is swallowed and
+        the caller skips what depended on it; otherwise :class:`DeviceOutOfMemory` is raised.
+        ``runtime.inject_oom`` fires as the guarded work ends (its results are then dropped)."""
+        return OomGuard(self, model_stage, redo)
 
-    def _inject(self) -> None:
+    def record_oom(self, model_stage: str, e: BaseException) -> str:
+        """The fatal event of an out-of-memory error; returns its first line."""
+        first = str(e).splitlines()[0] if str(e) else "out of memory"
+        held = self.device_memory.in_use() if self.device_memory is not None else 0
+        if self.device_memory is not None:
+            self.device_memory.release()
+        asked = requested_bytes(str(e))
+        peak = self.reserve_bytes + held + (asked if asked is not None else 1)
+        peak = max(peak, self.capacity_bytes + 1)
+        self.events.append(OomEvent(self.global_rank, model_stage, peak, self.capacity_bytes,
+                                    "allocator", True, first[:200]))
+        self.peak_bytes = max(self.peak_bytes, peak)
+        self.halted = True
+        return first
+
+    def inject(self) -> None:
         """``runtime.inject_oom``: on a GPU a real allocation of more than the allocator may
         take; on a CPU rank the error the allocator would raise."""
         if self.device_memory is not None:
@@ -169,6 +162,35 @@ class MemoryAccount:
         out = (self.peak_bytes, self.events)
         self.peak_bytes, self.events = 0, []
         return out
+
+
+class OomGuard:
+    """:meth:`MemoryAccount.guard`'s context."""
+
+    def __init__(self, account: MemoryAccount, model_stage: str, redo: bool) -> None:
+        self.account, self.model_stage, self.redo = account, model_stage, redo
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: Any) -> bool:
+        acc = self.account
+        if e is None and acc.inject_at is not None and acc.step == acc.inject_at:
+            acc.inject_at = None
+            try:
+                acc.inject()
+            except torch.OutOfMemoryError as injected:
+                e = injected
+        if not isinstance(e, torch.OutOfMemoryError):
+            return False
+        first = acc.record_oom(self.model_stage, e)
+        if not self.redo:
+            raise DeviceOutOfMemory(
+                f"rank {acc.global_rank}: out of device memory in {self.model_stage} at step "
+                f"{acc.step} during training ({first[:160]}); the step cannot be redone once "
+                "an update ran") from e
+        return True
 
 
 def account_for_run(global_rank: int, setup: Setup, capacity_drop: tuple[int, float] | None,
