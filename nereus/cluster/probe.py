@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nereus.cluster.devices import DetectedDevice, DeviceFacts, GpuSpec, gpu_from_inventory
+from nereus.cluster.devices import BUILD_VENDOR, DetectedDevice, DeviceFacts, gpu_from_inventory
 from nereus.cluster.env import JobEnvironment
 from nereus.cluster.inventory import NodeInventory, node_inventory
+from nereus.spec.hardware import GpuSpec
 
 
 def torch_build() -> str:
@@ -49,12 +50,24 @@ def device_facts(job: JobEnvironment, inv: NodeInventory | None = None) -> Devic
                        job.local_world_size, job.cuda_visible_devices, job.rocr_visible_devices)
 
 
-def detected_gpu(inv: NodeInventory | None = None) -> GpuSpec:
-    """The GPU ``cluster.gpu: auto`` stands for on this node."""
-    from nereus.cluster.devices import BUILD_VENDOR
+def torch_devices() -> tuple[DetectedDevice, ...]:
+    """The devices torch sees, as inventory entries (where NVML / ROCm SMI is not installed)."""
+    import torch
 
+    vendor = BUILD_VENDOR.get(torch_build())
+    if vendor is None or visible_device_count() == 0:
+        return ()
+    return tuple(DetectedDevice(vendor, torch.cuda.get_device_name(i),
+                                int(torch.cuda.get_device_properties(i).total_memory))
+                 for i in range(visible_device_count()))
+
+
+def detected_gpu(inv: NodeInventory | None = None) -> GpuSpec:
+    """The GPU ``cluster.gpu: auto`` stands for on this node: from the inventory (NVML, ROCm
+    SMI), else from what torch sees."""
     inv = inv if inv is not None else node_inventory()
-    return gpu_from_inventory(inventory_devices(inv), BUILD_VENDOR.get(torch_build()))
+    devices = inventory_devices(inv) or torch_devices()
+    return gpu_from_inventory(devices, BUILD_VENDOR.get(torch_build()))
 
 
 def describe_facts(facts: DeviceFacts) -> dict[str, Any]:
