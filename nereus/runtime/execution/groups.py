@@ -77,12 +77,17 @@ class TransitionGroup:
     staged: bool = False
     device: torch.device | None = None
     label: str = "host:gloo"
+    owner: Any = None  # the RankDevice whose cache holds ``pg`` (device transport)
 
     def group_rank(self, global_rank: int) -> int:
         return self.members.index(global_rank)
 
     def abort(self) -> None:
-        """A transfer failed: abort the communicator so no member keeps waiting on it."""
+        """A transfer failed: abort the communicator so no member keeps waiting on it (a cached
+        device communicator: every one of the rank's, and the cache is emptied)."""
+        if self.owner is not None:
+            self.owner.abort()
+            return
         with contextlib.suppress(Exception):
             self.pg.abort()
 
@@ -100,7 +105,7 @@ def transition_group(store: dist.Store, name: str, members: tuple[int, ...], glo
             raise CommunicationError(f"rank {global_rank}: creating the device communicator of "
                                      f"{members} failed: {first}") from e
         return TransitionGroup(pg, members, timeout_s, DEVICE, False, device.device,
-                               device.label(members))
+                               device.label(members), device)
     prefix = dist.PrefixStore(f"nereus/transition/{name}", store)
     try:
         pg = dist.ProcessGroupGloo(prefix, members.index(global_rank), len(members),

@@ -2,7 +2,7 @@
 
 On a GPU rank the memory account (:mod:`nereus.runtime.worker.memory`) reads real numbers
 instead of summing tensor sizes: the device's total from ``torch.cuda.mem_get_info``, the peak
-the caching allocator reached while a model-stage ran (``max_memory_allocated``, reset after each
+the caching allocator reached while a model-stage ran (``memory_stats``' allocated peak, reset after each
 reading), the bytes it holds now. The capacity the job plans with (``cluster.gpu`` memory,
 ``runtime.memory_per_rank_gb``, a ``capacity_drop``) is enforced for real: the allocator is
 limited to it (``set_per_process_memory_fraction``), less the workspace the planner reserves for
@@ -33,8 +33,9 @@ class DeviceMemory:
         torch.cuda.set_per_process_memory_fraction(allocator / self.total_bytes, self.device)
 
     def take_peak(self) -> int:
-        """The allocator's peak since the last reading (then reset to what it holds now)."""
-        peak = int(torch.cuda.max_memory_allocated(self.device))
+        """The allocator's peak since the last reading (``memory_stats``; then reset to what it
+        holds now)."""
+        peak = int(torch.cuda.memory_stats(self.device).get("allocated_bytes.all.peak", 0))
         torch.cuda.reset_peak_memory_stats(self.device)
         return peak
 
@@ -50,10 +51,3 @@ class DeviceMemory:
     def release(self) -> None:
         """Cached blocks back to the device (after an out-of-memory error)."""
         torch.cuda.empty_cache()
-
-    def stats(self) -> dict[str, int]:
-        s = torch.cuda.memory_stats(self.device)
-        return {"allocated_peak": int(s.get("allocated_bytes.all.peak", 0)),
-                "reserved_peak": int(s.get("reserved_bytes.all.peak", 0)),
-                "allocated": int(s.get("allocated_bytes.all.current", 0)),
-                "total": self.total_bytes, "capacity": self.capacity_bytes}

@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     ft = FailureHandler(comm, args.log)
     if links.pairs:
         joined(comm, ft)
+    devices: list[Any] = []  # the RankDevice of each attempt: its communicators to abort
     while True:
         try:
-            code = _run(args, comm, plane, ft)
+            code = _run(args, comm, plane, ft, devices)
             grown = bool(links.pairs)
             links.release()
             if ft.enabled and not grown:  # ULFM: with a dead rank MPI_Finalize can wait forever
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         except Exception as e:  # agreed error, ranks died (survive, go on), or this rank failed
             failed: Exception = e
+            for dev in devices:  # no rank may keep waiting in a device communicator
+                dev.abort()
+            devices.clear()
             if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
                 return _agreed_error(plane, e)
             try:
@@ -150,7 +154,8 @@ def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
             fh.write(f"rank {rank}: {detail}\n")
 
 
-def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
+def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
+         devices: list[Any] | None = None) -> int:
     import torch.distributed as dist
 
     from nereus.config.load import load_config
@@ -201,6 +206,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
     dev, rc = _bind_device(plane, comm, rc, setup)
+    if devices is not None:
+        devices.append(dev)
 
     def maybe_fail(at_step: int) -> None:
         if rc.inject_failure == (rank, at_step):
