@@ -186,6 +186,8 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
         from nereus.engines.cpu_rope import CpuRotaryEmbedding
 
         model.rotary_pos_emb.__class__ = CpuRotaryEmbedding
-    if dtype != torch.float32:
-        model.to(dtype=dtype)  # norms too, as Megatron's Float16Module casts the whole model
+    if on_device or dtype != torch.float32:
+        # as Megatron's get_model: modules it builds with torch defaults (norms, learned
+        # positions) onto the device too, and the whole model in the dtype (Float16Module)
+        model.to(device=device if on_device else None, dtype=dtype)
     return model

@@ -64,7 +64,8 @@ def actor_gen_engine(rc: RunConfig, setup: Setup, su: StageUnits) -> GenerationE
         engine = VllmEngine(
             st.spec, tp=su.plan.tp, params=lambda: unit_params(st),
             max_model_len=setup.job.prompt_len + rc.max_new_tokens, seed=rc.seed, rank=rank,
-            local_rank=rank % setup.cluster.gpus_per_node,
+            local_rank=(st.device.choice.index if st.device is not None and st.device.on_gpu
+                        else rank % setup.cluster.gpus_per_node),  # the GPU the rank bound
             dtype=vllm_dtype(setup.job.dtype_bytes))
         setattr(st.model, _CACHE_ATTR, engine)
     return engine
