@@ -3,11 +3,15 @@
 Every rank of the job runs the same sequence of primitive records — the transition DAG's own
 nodes (:mod:`nereus.emu.primitives`) — and computes each one's exact per-tensor transfer plan
 from the node and the model's shard rules (:func:`nereus.emu.transfer.node_transfer`). A rank
-taking part in a transfer joins a gloo group created for that transition only (unique store
-prefix, bounded timeout) and drops it afterwards; the unit groups of new units are created by
-every rank (``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at
-once; per pair, contiguous source slices go as they are (no copy) straight into contiguous
-destination slices, the rest packed into one buffer (:mod:`nereus.runtime.execution.pack`):
+taking part in a transfer joins the transition's group — on the host transport a gloo group
+created for that transition only (unique store prefix, bounded timeout) and dropped afterwards,
+device tensors staged through pinned host buffers; on the device transport the members' cached
+NCCL (RCCL) communicator (:mod:`nereus.runtime.execution.groups`,
+:mod:`nereus.runtime.execution.wire`); the unit groups of new units are created by every rank
+(``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at once; per
+pair, contiguous source slices go as they are (no copy) straight into contiguous destination
+slices, the rest packed into one buffer by the process's packer — the compiled kernels on GPUs,
+torch elsewhere (:mod:`nereus.runtime.execution.packer`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
   GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
   ``TorchExecutor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
