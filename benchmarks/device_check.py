@@ -75,7 +75,8 @@ def prerequisites(dry_run: bool) -> dict[str, Any]:
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
                     "hip": getattr(torch.version, "hip", None),
                     "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    out["modules"] = {m: have(m) for m in ("megatron.core", "mpi4py", "h5py", "yaml", "numpy")}
+    out["modules"] = {m: have(m) for m in ("megatron.core", "mpi4py", "h5py", "yaml", "numpy",
+                                           "packaging")}
     mpiexec = shutil.which("mpiexec")
     version = ""
     if mpiexec:
@@ -88,7 +89,8 @@ def prerequisites(dry_run: bool) -> dict[str, Any]:
         if (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc").exists()
         else None)
     out["cxx"] = shutil.which("c++") or shutil.which("g++")
-    missing = [m for m in ("megatron.core", "mpi4py", "h5py", "yaml") if not out["modules"][m]]
+    missing = [m for m in ("megatron.core", "mpi4py", "h5py", "yaml", "packaging")
+               if not out["modules"][m]]
     if not mpiexec:
         missing.append("mpiexec (Open MPI)")
     if not dry_run and not torch.cuda.is_available():
@@ -98,10 +100,10 @@ def prerequisites(dry_run: bool) -> dict[str, Any]:
     if dry_run and not out["cxx"]:
         missing.append("a C++ compiler (the kernels' host mode)")
     out["missing"] = missing
-    out["carry"] = ("megatron-core 0.16.1 as a wheel in .carry/wheels (pip download "
-                    "megatron-core==0.16.1 --no-deps --only-binary=:all: --python-version 3.12 "
-                    "-d .carry/wheels); run with carry=['.carry']; nothing else leaves the "
-                    "machine: torch, NCCL, mpi4py and h5py are in the H200 image")
+    out["carry"] = ("the missing wheels in .carry/wheels (pip download megatron-core==0.16.1 "
+                    "pyyaml packaging --no-deps --only-binary=:all: --python-version 3.12 "
+                    "--platform manylinux2014_x86_64 -d .carry/wheels); run with "
+                    "carry=['.carry']; torch, NCCL, mpi4py and h5py are in the H200 image")
     return out
 
 
