@@ -44,6 +44,7 @@ class LaunchSpec:
     gpus_per_task: int | None = None
     cpu_bind: str | None = "none"
     env: tuple[tuple[str, str], ...] = ()
+    forward_env: tuple[str, ...] = ()
     no_kill: bool = True
     kill_on_bad_exit: bool = False
     label: bool = False
@@ -62,6 +63,9 @@ class LaunchSpec:
         if self.nodes is not None and self.nodelist and len(self.nodelist) != self.nodes:
             raise ConfigError("launch.nodelist", self.nodelist,
                               f"names {len(self.nodelist)} hosts but nodes={self.nodes}")
+        for name in self.forward_env:
+            if not _ENV_NAME.match(name):
+                raise ConfigError("launch.forward_env", name, "is not an environment variable name")
         for env_key, env_value in self.env:
             if not _ENV_NAME.match(env_key):
                 raise ConfigError("launch.env", env_key, "is not an environment variable name")
@@ -122,6 +126,8 @@ def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:
             argv += ["--bind-to", "none"]
         for key, value in spec.env:
             argv += ["-x", f"{key}={value}"]
+        for name in spec.forward_env:
+            argv += ["-x", name]
     else:
         if spec.ntasks is not None:
             argv += ["-n", str(spec.ntasks)]
@@ -133,6 +139,8 @@ def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:
             argv += ["-bind-to", "none"]
         for key, value in spec.env:
             argv += ["-genv", key, value]
+        if spec.forward_env:
+            argv += ["-envlist", ",".join(spec.forward_env)]
     return (*argv, *spec.argv)
 
 

@@ -21,9 +21,10 @@ def summary(setup: Setup) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from nereus.cluster.probe import detected_gpu
     from nereus.config import load_config
 
-    config = load_config(args.file)
+    config = load_config(args.file, detect_gpu=detected_gpu)
     print(f"OK {args.file}: {summary(config.setup)}")
     return 0
 

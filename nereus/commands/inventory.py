@@ -1,5 +1,7 @@
 """``nereus inventory [--json] [--virtual-devices N] [--virtual-memory-gb X]``: devices, memory and
-links of this node (run it under ``srun`` for one report per node)."""
+links of this node (run it under ``srun`` for one report per node), what ``cluster.gpu: auto``
+and ``runtime.device: auto`` would take here, and which code packs transfers (the compiled
+kernels or the torch fallback)."""
 
 from __future__ import annotations
 
@@ -26,18 +28,29 @@ def _gb(n_bytes: int) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from nereus.cluster.devices import select_device
     from nereus.cluster.env import from_os_environ
     from nereus.cluster.inventory import node_inventory
+    from nereus.cluster.probe import describe_facts, detected_gpu, device_facts
+    from nereus.runtime.execution.packer import describe_pack_path
 
     if args.virtual_devices < 1:
         raise ConfigError("--virtual-devices", args.virtual_devices, "must be at least 1")
     if not math.isfinite(args.virtual_memory_gb) or args.virtual_memory_gb <= 0:
         raise ConfigError("--virtual-memory-gb", args.virtual_memory_gb, "must be positive")
     # Under Slurm the node name (emulated nodes share one host name) comes from the job env.
-    inv = node_inventory(node=from_os_environ().node_name, virtual_count=args.virtual_devices,
+    job = from_os_environ()
+    inv = node_inventory(node=job.node_name, virtual_count=args.virtual_devices,
                          virtual_memory_bytes=int(args.virtual_memory_gb * 1e9))
+    # What a rank started here would do: runtime.device auto with cluster.gpu auto.
+    facts = device_facts(job, inv)
+    gpu = detected_gpu(inv)
+    choice = select_device("auto", facts, gpu.vendor)
+    pack = describe_pack_path()
     if args.json:
-        print(json.dumps({"nodes": [inv.to_dict()]}, indent=2, sort_keys=True))
+        print(json.dumps({"nodes": [inv.to_dict()], "torch": describe_facts(facts),
+                          "cluster_gpu_auto": gpu.name, "device": choice.to_dict(),
+                          "pack": pack}, indent=2, sort_keys=True))
         return 0
     kinds = "+".join(inv.vendors)
     print(f"node {inv.node}: {len(inv.devices)} {kinds} device(s), {_gb(inv.memory_bytes)}"
@@ -50,4 +63,8 @@ def handle(args: argparse.Namespace) -> int:
     for link in inv.links:
         count = f" x{link.count}" if link.count else ""
         print(f"  link {link.a}-{link.b}: {link.kind}{count} ({link.detail})")
+    print(f"torch: {facts.torch_build} build, {facts.visible} device(s) visible")
+    print(f"cluster.gpu: auto → {gpu.name} ({gpu.vendor}, {_gb(gpu.memory_bytes)})")
+    print(f"runtime.device: auto → {choice.torch_device} ({choice.reason})")
+    print(f"pack kernels: {pack}")
     return 0

@@ -120,10 +120,17 @@ def _flag_error(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
 
 def build_setup(args: argparse.Namespace) -> Any:
     from nereus.config import load_raw, parse_config
+    from nereus.config.cluster import uses_auto_gpu
 
     raw = load_raw(args.config) if args.config else BUILTIN_JOB
     try:
-        return parse_config(apply_flags(raw, args)).setup
+        raw = apply_flags(raw, args)
+        detected = None
+        if uses_auto_gpu(raw):  # cluster.gpu: auto — this node's hardware
+            from nereus.cluster.probe import detected_gpu
+
+            detected = detected_gpu()
+        return parse_config(raw, detected_gpu=detected).setup
     except ConfigError as exc:
         raise _flag_error(exc, args) from None
 

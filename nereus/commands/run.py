@@ -47,13 +47,14 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    from nereus.cluster.probe import detected_gpu
     from nereus.config.load import load_config
     from nereus.config.run import parse_runtime
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import InfeasiblePlanError
     from nereus.runtime.rank0.controller import RankZeroController
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, detect_gpu=detected_gpu)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps, host_cores=getattr(args, "host_cores", 0))
     require_vllm(rc.generation)
@@ -252,6 +253,11 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
     except KeyboardInterrupt:
         _kill(proc)
         raise
+    if code == 0 and (rank_error or _rank_error_file(tmp)):
+        # Open MPI 5 with ULFM exits 0 when the only rank of a job calls MPI_Abort
+        from nereus.runtime.worker.main import EXIT_RANK
+
+        code = EXIT_RANK
     if code != 0:
         _kill(proc)  # whatever the dead runtime left behind in the job's session
     return code, rank_error, mpiexec_reason(list(said)) if code != 0 else ""

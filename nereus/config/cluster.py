@@ -23,14 +23,32 @@ DEFAULT_NODES = 1
 DEFAULT_GPUS_PER_NODE = 8
 
 
-def gpu_preset(path: str, value: Any) -> GpuSpec:
+AUTO_GPU = "auto"  # cluster.gpu: auto — the hardware of the node the job starts on
+
+
+def gpu_preset(path: str, value: Any, detected: GpuSpec | None = None) -> GpuSpec:
+    """The preset ``value`` names; ``auto``: ``detected`` (the node's inventory, read by the
+    shell), an error where nothing was detected."""
+    if value == AUTO_GPU:
+        if detected is None:
+            raise ConfigError(path, value, "needs the node's inventory: use it with nereus run, "
+                              "plan or config check, which read it")
+        return detected
     if not isinstance(value, str) or value not in GPU_PRESETS:
         given = value if isinstance(value, str) else ""
-        raise ConfigError(path, value, f.unknown_rule("GPU preset", given, GPU_PRESETS))
+        raise ConfigError(path, value, f.unknown_rule("GPU preset", given,
+                                                      (*GPU_PRESETS, AUTO_GPU)))
     return GPU_PRESETS[value]
 
 
-def parse_cluster(raw: Any, path: str = "cluster") -> ClusterSpec:
+def uses_auto_gpu(data: Any) -> bool:
+    """Whether a raw config document asks for ``cluster.gpu: auto``."""
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    return isinstance(cluster, dict) and cluster.get("gpu") == AUTO_GPU
+
+
+def parse_cluster(raw: Any, path: str = "cluster", detected_gpu: GpuSpec | None = None
+                  ) -> ClusterSpec:
     """A ClusterSpec; ``gpu`` is required, the override fields replace the preset's values."""
     raw = f.mapping(path, raw, CLUSTER_KEYS)
     nodes = f.positive_int(f.join(path, "nodes"), raw.get("nodes", DEFAULT_NODES))
@@ -39,9 +57,10 @@ def parse_cluster(raw: Any, path: str = "cluster") -> ClusterSpec:
     )
     if "gpu" not in raw:
         raise ConfigError(
-            f.join(path, "gpu"), None, f"missing; name a GPU preset: {', '.join(GPU_PRESETS)}"
+            f.join(path, "gpu"), None,
+            f"missing; name a GPU preset: {', '.join(GPU_PRESETS)} (or auto)"
         )
-    gpu = gpu_preset(f.join(path, "gpu"), raw["gpu"])
+    gpu = gpu_preset(f.join(path, "gpu"), raw["gpu"], detected_gpu)
     changes: dict[str, Any] = {}
     for key, (spec_field, factor) in GPU_OVERRIDES.items():
         if key not in raw:

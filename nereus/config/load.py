@@ -7,13 +7,17 @@ pure core importing it) stays standard-library only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nereus.config.cluster import uses_auto_gpu
 from nereus.config.schema import EXTENSION_SECTIONS, Config, describe, parse_config
 from nereus.errors import ConfigError
 
 if TYPE_CHECKING:
     import yaml
+
+    from nereus.spec.hardware import GpuSpec
 
 
 def _where(mark: Any) -> str:
@@ -89,6 +93,10 @@ def load_raw(path: str) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS) -> Config:
-    """Read, parse and check the YAML config at ``path``."""
-    return parse_config(load_raw(path), extensions=extensions)
+def load_config(path: str, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
+                detect_gpu: Callable[[], GpuSpec] | None = None) -> Config:
+    """Read, parse and check the YAML config at ``path``; ``detect_gpu`` (the shell's inventory
+    reader) is called only when the config says ``cluster.gpu: auto``."""
+    raw = load_raw(path)
+    detected = detect_gpu() if detect_gpu is not None and uses_auto_gpu(raw) else None
+    return parse_config(raw, extensions=extensions, detected_gpu=detected)

@@ -21,10 +21,16 @@ reports OOM events, which tell the controller the new capacity — see ``nereus.
 (checkpoints and injected node deaths: ``nereus.config.failures``), ``late_nodes`` (k: the
 last k nodes of the cluster are granted later — ``nereus run`` starts only the other nodes' ranks;
 an ``add_node`` event for a late node spawns its ranks into the running job, see
-``nereus.runtime.mpi.growth``), ``generation`` (the engine actor-gen samples with: ``megatron``,
-default — Megatron-core's static inference with a KV cache, the CPU path; ``vllm`` — vLLM on
-CUDA GPUs, :mod:`nereus.engines.vllm_engine`; checked here: vLLM and a CUDA device must be
-present and the actor a Llama-family architecture).
+``nereus.runtime.mpi.growth``), ``generation`` (the engine actor-gen samples with: ``auto``,
+default — vLLM when the ranks are on GPUs and vLLM imports, else Megatron-core, resolved at start
+by :func:`resolve_generation`; ``megatron`` — Megatron-core's static inference with a KV cache on
+the ranks' device; ``vllm`` — vLLM on CUDA GPUs, :mod:`nereus.engines.vllm_engine`; checked
+here: vLLM and a CUDA device must be present and the actor a Llama-family architecture),
+``device`` (``auto``, default: a GPU per rank when the cluster names a GPU and the rank has one,
+else the CPU; ``cpu``; ``cuda``: a GPU or an error — :mod:`nereus.cluster.devices`),
+``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
+model-stage of step k — on a GPU a real allocation past the free memory, on a CPU rank the same
+error raised — to test that an OOM becomes an urgent replan with the step redone).
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
-        "late_nodes", "generation")
+        "late_nodes", "generation", "device", "inject_oom")
 EVENT_KINDS = ("remove_node", "add_node")
+GENERATION_CHOICES = ("auto", "megatron", "vllm")
+DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,11 @@ class RunConfig:
     failures: FailureOptions = field(default_factory=FailureOptions)
     late_nodes: int = 0  # the last k nodes are granted later (their ranks spawn at add_node)
     late_ranks: int = 0  # late_nodes · gpus_per_node
-    generation: str = "megatron"  # megatron: Megatron-core KV-cache inference; vllm: vLLM (GPU)
+    # auto: vLLM on GPUs when it imports, else Megatron-core's KV-cache inference (resolved at
+    # start by resolve_generation); megatron; vllm (GPU)
+    generation: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda (nereus.cluster.devices.select_device)
+    inject_oom: tuple[int, int] | None = None  # (global rank, step): an out-of-memory there
 
     @property
     def start_ranks(self) -> int:
@@ -113,7 +125,12 @@ class RunConfig:
             (str(n), (int(v[0]), int(v[1]))) for n, v in sorted(t["layouts"].items())))
             for t in d["force_transitions"])
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
-                                                   "inject_failure", "failures")}
+                                                   "inject_failure", "failures", "device",
+                                                   "inject_oom", "generation")}
+        oom = d.get("inject_oom")
+        rest["inject_oom"] = None if oom is None else (int(oom[0]), int(oom[1]))
+        rest["device"] = str(d.get("device", "auto"))
+        rest["generation"] = str(d.get("generation", "auto"))
         fail = d.get("inject_failure")
         drop = d.get("capacity_drop")
         rest["capacity_drop"] = None if drop is None else (int(drop[0]), float(drop[1]))
@@ -177,8 +194,8 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
     where = "--ranks" if ranks is not None else "runtime.ranks"
     n = f.positive_int(where, n)
-    if n < 2:
-        raise ConfigError(where, n, "must be at least 2 (rank 0 controls and works; see docs)")
+    if n < 1:
+        raise ConfigError(where, n, "must be at least 1 (rank 0 controls and works; see docs)")
     if n <= cl.gpus_per_node:
         cluster = ClusterSpec(1, n, cl.gpu)
     elif n % cl.gpus_per_node:
@@ -251,6 +268,8 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         failures=parse_failures(raw.get("failures"), cluster.nodes, n_steps),
         late_nodes=late, late_ranks=late * cluster.gpus_per_node,
         generation=_generation(raw.get("generation", RunConfig.generation), setup),
+        device=f.choice("runtime.device", raw.get("device", RunConfig.device), DEVICE_MODES),
+        inject_oom=_injected_oom(raw.get("inject_oom"), n, n_steps),
     )
     return rc, setup
 
@@ -272,6 +291,20 @@ def _failure(raw: Any, ranks: int, steps: int) -> tuple[int, int] | None:
     at = raw.get("at_step", -1)
     if isinstance(at, bool) or not isinstance(at, int) or not -1 <= at < steps:
         raise ConfigError(f.join(path, "at_step"), at, f"must be -1 (start) .. {steps - 1}")
+    return rank, at
+
+
+def _injected_oom(raw: Any, ranks: int, steps: int) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    path = "runtime.inject_oom"
+    raw = f.mapping(path, raw, ("rank", "at_step"))
+    rank = f.non_negative_int(f.join(path, "rank"), raw.get("rank"))
+    if rank >= ranks:
+        raise ConfigError(f.join(path, "rank"), rank, f"must be < ranks={ranks}")
+    at = f.non_negative_int(f.join(path, "at_step"), raw.get("at_step"))
+    if at >= steps:
+        raise ConfigError(f.join(path, "at_step"), at, f"must be < steps={steps}")
     return rank, at
 
 
@@ -298,16 +331,40 @@ def _reward(value: Any, reward_model: bool) -> str:
 
 
 def _generation(value: Any, setup: Setup) -> str:
-    """``megatron`` or ``vllm``; vLLM needs a Llama-family actor (whether vLLM and a CUDA device
-    are present is the runtime's check, :func:`nereus.engines.vllm_engine.require_vllm`,
-    made before any rank starts)."""
+    """``auto``, ``megatron`` or ``vllm``; vLLM needs a Llama-family actor (whether vLLM and a
+    CUDA device are present is the runtime's check, :func:`nereus.engines.vllm_engine.
+    require_vllm`, made before any rank starts)."""
     path = "runtime.generation"
-    choice = f.choice(path, value, ("megatron", "vllm"))
+    choice = f.choice(path, value, GENERATION_CHOICES)
     if choice == "vllm":
-        from nereus.emu.hf_layout import UnsupportedArchitecture, hf_architecture
-
-        try:
-            hf_architecture(setup.job.model(setup.job.workflow.by_name("actor-gen").role))
-        except UnsupportedArchitecture as e:
-            raise ConfigError(path, value, str(e)) from None
+        reason = _vllm_architecture_problem(setup)
+        if reason:
+            raise ConfigError(path, value, reason)
     return choice
+
+
+def _vllm_architecture_problem(setup: Setup) -> str:
+    from nereus.emu.hf_layout import UnsupportedArchitecture, hf_architecture
+
+    try:
+        hf_architecture(setup.job.model(setup.job.workflow.by_name("actor-gen").role))
+    except UnsupportedArchitecture as e:
+        return str(e)
+    return ""
+
+
+def resolve_generation(choice: str, on_gpu: bool, vllm_imports: bool, setup: Setup
+                       ) -> tuple[str, str]:
+    """The engine ``runtime.generation: choice`` runs (``megatron`` or ``vllm``) and why: ``auto``
+    is vLLM when the ranks are on GPUs, vLLM imports and the actor is a Llama-family model;
+    otherwise Megatron-core's inference path (on the ranks' device)."""
+    if choice != "auto":
+        return choice, f"runtime.generation: {choice}"
+    if not on_gpu:
+        return "megatron", "auto: CPU ranks"
+    if not vllm_imports:
+        return "megatron", "auto: vLLM does not import here"
+    problem = _vllm_architecture_problem(setup)
+    if problem:
+        return "megatron", f"auto: {problem}"
+    return "vllm", "auto: GPU ranks and vLLM imports"

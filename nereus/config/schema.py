@@ -12,6 +12,7 @@ from nereus.config.cluster import parse_cluster
 from nereus.config.job import build_job, check_lengths, parse_controller, parse_job_fields
 from nereus.config.models import parse_models
 from nereus.errors import ConfigError
+from nereus.spec.hardware import GpuSpec
 from nereus.spec.job import ControllerSpec, Setup
 
 # Sections this package turns into the Setup.
@@ -48,8 +49,11 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def parse_config(data: Any, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS) -> Config:
-    """Check a parsed YAML document; the first broken rule raises ``ConfigError``."""
+def parse_config(data: Any, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
+                 detected_gpu: GpuSpec | None = None) -> Config:
+    """Check a parsed YAML document; the first broken rule raises ``ConfigError``.
+    ``detected_gpu``: what ``cluster.gpu: auto`` stands for (the shell reads the node's
+    inventory, :func:`nereus.cluster.probe.detected_gpu`)."""
     allowed = (*CORE_SECTIONS, *extensions)
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -60,7 +64,7 @@ def parse_config(data: Any, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS)
         if name not in data:
             raise ConfigError(name, None, f"missing; a config needs {', '.join(REQUIRED_SECTIONS)}")
     job = parse_job_fields(data.get("job", {}))
-    cluster = parse_cluster(data["cluster"])
+    cluster = parse_cluster(data["cluster"], detected_gpu=detected_gpu)
     models = parse_models(
         data["models"], algorithm=job.algorithm, reward_model=job.reward_model
     )

@@ -141,7 +141,8 @@ def controller_step(
             float("inf"), False, f"GPUs lost: {list(lost)}"
         )
     triggers = list(dict.fromkeys([*state.pending, *crossings]))
-    urgent = state.plan is None or bool(lost) or not current_eval.feasible
+    urgent = state.plan is None or bool(lost) or not current_eval.feasible \
+        or obs.memory_violation
     if urgent and state.plan is not None and not lost:
         triggers.append(MEMORY)
     if state.plan is None:

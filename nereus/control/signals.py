@@ -16,7 +16,9 @@ class Observation:
     """Signals measured over the step that just completed (or at a safe boundary).
 
     ``efficiencies`` are achieved efficiencies per op class (from calibration samples);
-    ``transition_running`` is true while an earlier transition has not finished (async mode).
+    ``transition_running`` is true while an earlier transition has not finished (async mode);
+    ``memory_violation``: a device refused an allocation during the step (a measured memory
+    violation: the replan is urgent whatever the memory model predicts).
     """
 
     step: int
@@ -26,6 +28,7 @@ class Observation:
     efficiencies: tuple[tuple[str, float], ...] = ()
     step_s: float = 0.0
     transition_running: bool = False
+    memory_violation: bool = False
 
     def drifting_values(self) -> dict[str, float]:
         """The signals compared against their reference values with relative thresholds."""

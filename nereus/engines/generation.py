@@ -1,10 +1,12 @@
-"""Generation with a KV cache on Megatron-core's static inference path (CPU, effectful).
+"""Generation with a KV cache on Megatron-core's static inference path (CPU or GPU, effectful).
 
 Megatron-core 0.16.1's static inference (``StaticInferenceContext``) runs on CPU with two
 per-instance changes to a built GPTModel (no parameters change, so EMU state transfer is
-unaffected): every self-attention's ``_allocate_memory`` allocates the KV cache on CPU, and the
-core attention handles a query shorter than the keys (decode) with a bottom-right aligned causal
-mask. Prefill returns only the last position's logits; each decode step feeds one token.
+unaffected): every self-attention's ``_allocate_memory`` allocates the KV cache where the model
+is (Megatron's own takes the current CUDA device), and on the CPU the core attention
+(:class:`~nereus.engines.megatron_model.SdpaAttention`) handles a query shorter than the keys
+(decode) with a bottom-right aligned causal mask; on a GPU it is Megatron's stock attention.
+Inputs move to the model's device, the results come back to the host. Prefill returns only the last position's logits; each decode step feeds one token.
 
 Sampling is inverse-CDF with uniforms drawn per *global sample index* (not per replica), so the
 same seed gives the same tokens under any DP/TP layout up to floating-point reduction order.
@@ -27,8 +29,12 @@ from nereus.engines.vocab import GatherLastDim
 from nereus.rl.task import EOS, PAD
 
 
-def _cpu_allocate_memory(self: Any, n: int, b: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(n, b, self.num_query_groups_per_partition, dim, dtype=dtype)
+def _allocate_kv_memory(self: Any, n: int, b: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The KV cache where the attention's weights are (Megatron's own takes the current CUDA
+    device)."""
+    device = next(self.parameters()).device
+    return torch.empty(n, b, self.num_query_groups_per_partition, dim, dtype=dtype,
+                       device=device)
 
 
 def _gathering_output_forward(orig: Any, tp_group: dist.ProcessGroup) -> Any:
@@ -53,7 +59,7 @@ def enable_kv_cache(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> None
         out_layer.forward = _gathering_output_forward(out_layer.forward, tp_group)
     for layer in model.decoder.layers:  # type: ignore[union-attr]
         attn = layer.self_attention
-        attn._allocate_memory = types.MethodType(_cpu_allocate_memory, attn)
+        attn._allocate_memory = types.MethodType(_allocate_kv_memory, attn)
         # The core attention (SdpaAttention) already handles decode queries against the cache.
 
 
@@ -101,7 +107,8 @@ def _choose(logits: torch.Tensor | None, u: torch.Tensor, temperature: float, gr
             tok, lp = _pick(logits, u, temperature)
         picked = torch.stack([tok.double(), lp], dim=1)
     if link is not None:
-        picked = from_last(link, picked, torch.empty(u.shape[0], 2, dtype=torch.float64))
+        picked = from_last(link, picked, torch.empty(u.shape[0], 2, dtype=torch.float64,
+                                                      device=u.device))
     if picked is None:
         raise ValueError("no logits on a single-stage unit")
     return picked[:, 0].long(), picked[:, 1]
@@ -121,12 +128,14 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
 
     if link is not None and link.pp == 1:
         link = None
+    dev = next(model.parameters()).device  # inputs go to the model; results come back to host
+    prompts, uniforms = prompts.to(dev), uniforms.to(dev)
     b, p_len = prompts.shape
     ctx = StaticInferenceContext(max(b, 1), p_len + max_new)
-    out = torch.full((b, max_new), PAD, dtype=torch.long)
-    logp = torch.zeros(b, max_new, dtype=torch.float64)
-    mask = torch.zeros(b, max_new, dtype=torch.float64)
-    done = torch.zeros(b, dtype=torch.bool)
+    out = torch.full((b, max_new), PAD, dtype=torch.long, device=dev)
+    logp = torch.zeros(b, max_new, dtype=torch.float64, device=dev)
+    mask = torch.zeros(b, max_new, dtype=torch.float64, device=dev)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
 
     def last_logits(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         if link is None:
@@ -141,7 +150,7 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
 
     model.eval()
     with torch.no_grad():
-        logits = last_logits(prompts, torch.arange(p_len).expand(b, p_len))
+        logits = last_logits(prompts, torch.arange(p_len, device=dev).expand(b, p_len))
         ctx.sequence_len_offset += p_len
         for t in range(max_new):
             tok, lp = _choose(logits, uniforms[:, t], temperature, greedy, link)
@@ -152,7 +161,7 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
             done = done | (tok == EOS)
             if bool(done.all()) or t == max_new - 1:
                 break
-            pos = torch.full((b, 1), p_len + t, dtype=torch.long)
+            pos = torch.full((b, 1), p_len + t, dtype=torch.long, device=dev)
             logits = last_logits(out[:, t:t + 1], pos)
             ctx.sequence_len_offset += 1
     kv_bytes = 0
@@ -160,4 +169,4 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
         kv_bytes += sum(int(m.numel() * m.element_size()) for m in mem
                         if isinstance(m, torch.Tensor))
     model.train()
-    return Generated(torch.cat([prompts, out], dim=1), logp, mask, kv_bytes)
+    return Generated(torch.cat([prompts, out], dim=1).cpu(), logp.cpu(), mask.cpu(), kv_bytes)

@@ -1,10 +1,14 @@
-"""Build a CPU-safe Megatron-core GPTModel from a ModelSpec at explicit tp/pp ranks (effectful).
+"""Build a Megatron-core GPTModel from a ModelSpec at explicit tp/pp ranks, on the CPU or on a
+GPU (effectful).
 
 Process groups are passed to Megatron explicitly through a ``ProcessGroupCollection``; Megatron's
 global ``parallel_state`` is never initialised here. The stock local core attention allocates on
 CUDA (``parallel_state.get_global_memory_buffer``), so it is replaced by :class:`SdpaAttention`,
 which calls ``torch.nn.functional.scaled_dot_product_attention``. Positions are learned absolute
 embeddings (RoPE in Megatron moves ``inv_freq`` to CUDA).
+
+On a GPU (``build_gpt(..., device=cuda)``) the model is allocated on the device in bf16 with
+Megatron's stock attention and RoPE; the sections below describe the CPU build.
 
 Weights are initialised with ``use_cpu_initialization=True``: Megatron draws the full (master)
 weight from torch's global RNG and keeps its rank's chunk, so the same seed gives the same
@@ -15,6 +19,7 @@ layouts, load one global state through :func:`load_global_state` (Megatron's own
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +67,7 @@ class SdpaAttention(MegatronModule):
         if sq == sk:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         else:  # KV-cache decode: the new queries sit at the end of the key sequence
-            mask = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
+            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale)
         return out.permute(2, 0, 1, 3).reshape(sq, query.shape[1], heads * query.shape[3])
 
@@ -78,9 +83,12 @@ class StageGroups:
     pos_embd: dist.ProcessGroup  # first pipeline rank at this tp position
 
 
-def transformer_config(spec: ModelSpec, tp: int, pp: int,
-                       initialize: bool = True) -> TransformerConfig:
-    """Megatron's TransformerConfig for ``spec`` at tp×pp, CPU-safe, fp32, no dropout.
+def transformer_config(spec: ModelSpec, tp: int, pp: int, initialize: bool = True,
+                       on_device: bool = False,
+                       dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    """Megatron's TransformerConfig for ``spec`` at tp×pp, no dropout: CPU-safe (weights drawn
+    on the CPU) unless ``on_device`` (weights allocated on the current CUDA device), parameters
+    and pipeline activations in ``dtype``.
 
     ``initialize=False`` leaves weights uninitialised (for units about to be filled)."""
     return TransformerConfig(
@@ -99,10 +107,12 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        use_cpu_initialization=True,
+        use_cpu_initialization=not on_device,
         perform_initialization=initialize,
-        params_dtype=torch.float32,
-        pipeline_dtype=torch.float32,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
@@ -111,21 +121,41 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int,
     )
 
 
-def layer_spec(spec: ModelSpec) -> Any:
-    """Megatron's local GPT layer spec with the core attention swapped for :class:`SdpaAttention`."""
+def layer_spec(spec: ModelSpec, stock_attention: bool = False) -> Any:
+    """Megatron's local GPT layer spec; on the CPU its core attention swapped for
+    :class:`SdpaAttention` (``stock_attention``: Megatron's own, which needs CUDA)."""
     ls = get_gpt_layer_local_spec(
         normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
         qk_layernorm=spec.qk_norm,
     )
-    ls.submodules.self_attention.submodules.core_attention = SdpaAttention
+    if not stock_attention:
+        ls.submodules.self_attention.submodules.core_attention = SdpaAttention
     return ls
 
 
+def prepare_device(seed: int = 0) -> None:
+    """Once per GPU process, before building models on the device: the two pieces of Megatron's
+    global state that its stock attention and on-device initialisation use without taking them
+    as arguments (the global memory buffer, the CUDA RNG tracker with tp rank 0: the runtime
+    draws nothing from it, dropout being 0 and weights loaded from the logical state)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
+        parallel_state._set_global_memory_buffer()
+    model_parallel_cuda_manual_seed(seed, tp_rank=0, ep_rank=0, etp_rank=0)
+
+
 def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGroups,
-              seed: int = 0, initialize: bool = True) -> GPTModel:
-    """A GPTModel for pipeline stage ``pp_rank`` of a tp×pp unit; the seed fixes the master draws."""
-    if not spec.learned_positions:
-        raise ValueError(f"{spec.name}: the CPU engine supports learned absolute positions only")
+              seed: int = 0, initialize: bool = True, device: torch.device | None = None,
+              dtype: torch.dtype = torch.float32) -> GPTModel:
+    """A GPTModel for pipeline stage ``pp_rank`` of a tp×pp unit; the seed fixes the master draws.
+
+    On the CPU (``device`` None or cpu): drawn on the CPU, :class:`SdpaAttention`, learned
+    positions or the CPU RoPE (:class:`nereus.engines.cpu_rope.CpuRotaryEmbedding`). On a CUDA
+    device (call :func:`prepare_device` once first, with the device current): allocated on the
+    device in ``dtype``, Megatron's stock attention and RoPE."""
+    on_device = device is not None and device.type == "cuda"
     if groups.tp.size() != tp or groups.pp.size() != pp:
         raise ValueError(f"groups of size tp={groups.tp.size()} pp={groups.pp.size()} for {tp}x{pp}")
     torch.manual_seed(seed)
@@ -133,14 +163,31 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
         tp=groups.tp, pp=groups.pp, cp=groups.solo, tp_cp=groups.tp, dp=groups.solo,
         dp_cp=groups.solo, embd=groups.embd, pos_embd=groups.pos_embd,
     )
-    return GPTModel(
-        config=transformer_config(spec, tp, pp, initialize),
-        transformer_layer_spec=layer_spec(spec),
-        vocab_size=spec.vocab_size,
-        max_sequence_length=spec.max_seq_len,
-        pre_process=pp_rank == 0,
-        post_process=pp_rank == pp - 1,
-        share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type="learned_absolute",
-        pg_collection=pgs,
-    )
+    rope = not spec.learned_positions
+    extra: dict[str, Any] = {}
+    if rope:
+        from nereus.emu.hf_layout import MEGATRON_ROPE_THETA
+
+        extra["rotary_base"] = int(MEGATRON_ROPE_THETA)
+    with torch.cuda.device(device) if on_device else contextlib.nullcontext():
+        model = GPTModel(
+            config=transformer_config(spec, tp, pp, initialize, on_device, dtype),
+            transformer_layer_spec=layer_spec(spec, stock_attention=on_device),
+            vocab_size=spec.vocab_size,
+            max_sequence_length=spec.max_seq_len,
+            pre_process=pp_rank == 0,
+            post_process=pp_rank == pp - 1,
+            share_embeddings_and_output_weights=spec.tie_embeddings,
+            position_embedding_type="rope" if rope else "learned_absolute",
+            pg_collection=pgs,
+            **extra,
+        )
+    if rope and not on_device:
+        from nereus.engines.cpu_rope import CpuRotaryEmbedding
+
+        model.rotary_pos_emb.__class__ = CpuRotaryEmbedding
+    if on_device or dtype != torch.float32:
+        # as Megatron's get_model: modules it builds with torch defaults (norms, learned
+        # positions) onto the device too, and the whole model in the dtype (Float16Module)
+        model.to(device=device if on_device else None, dtype=dtype)
+    return model

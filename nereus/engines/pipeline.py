@@ -1,5 +1,6 @@
-"""Pipeline-parallel forward and backward of one unit's Megatron GPTModel stages over gloo
-(effectful).
+"""Pipeline-parallel forward and backward of one unit's Megatron GPTModel stages (effectful):
+our 1F1B over gloo on CPU ranks (and GPU ranks whose pp group is the host transport), Megatron's
+own schedules on GPUs whose pp group is a device communicator.
 
 Megatron-core 0.16.1's schedules (``megatron.core.pipeline_parallel``) cannot run here: the
 schedules allocate ``total_num_tokens`` with ``device="cuda"`` and the p2p layer builds its shape
@@ -44,6 +45,9 @@ class StageLink:
     last_rank: int
     group: Any  # dist.ProcessGroup (the pp group of this rank's tp position)
     hidden_size: int
+    # the pp group is gloo carrying device tensors (host transport on GPUs): messages go
+    # through host buffers
+    staged: bool = False
 
     @property
     def first(self) -> bool:
@@ -54,24 +58,50 @@ class StageLink:
         return self.pp_rank == self.pp - 1
 
 
-def stage_link(emu: Emu, global_rank: int, pp_group: Any, hidden_size: int) -> StageLink:
-    """The link of ``global_rank`` in ``emu`` (``pp_group``: its pp group from ``unit_groups``)."""
+def stage_link(emu: Emu, global_rank: int, pp_group: Any, hidden_size: int,
+               staged: bool = False) -> StageLink:
+    """The link of ``global_rank`` in ``emu`` (``pp_group``: its pp group from ``unit_groups``;
+    ``staged``: that group stages device tensors through host buffers)."""
     pp_rank, tp_rank = divmod(emu.gpus.index(global_rank), emu.layout.tp)
     pp = emu.layout.pp
     prev_rank = emu.gpu_at(pp_rank - 1, tp_rank) if pp_rank > 0 else None
     next_rank = emu.gpu_at(pp_rank + 1, tp_rank) if pp_rank < pp - 1 else None
     return StageLink(pp_rank, pp, prev_rank, next_rank, emu.gpu_at(pp - 1, tp_rank), pp_group,
-                     hidden_size)
+                     hidden_size, staged)
 
 
 def _positions(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.arange(tokens.shape[1]).expand_as(tokens)
+    return torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
 
 
-def _recv(link: StageLink, src: int | None, shape: tuple[int, ...], tag: int) -> torch.Tensor:
-    buf = torch.empty(shape, dtype=torch.float32)
+def _where(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    """The device of the stage and the dtype of its activations."""
+    p = next(model.parameters())
+    return p.device, p.dtype
+
+
+def _recv(link: StageLink, src: int | None, shape: tuple[int, ...], tag: int,
+          device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if link.staged:
+        host = torch.empty(shape, dtype=dtype)
+        dist.recv(host, src=src, group=link.group, tag=tag)
+        return host.to(device)
+    buf = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(buf, src=src, group=link.group, tag=tag)
     return buf
+
+
+def _isend(link: StageLink, t: torch.Tensor, dst: int | None, tag: int) -> Any:
+    """Post a send; the returned work (or work and host copy) is waited for later."""
+    out = t.detach().contiguous()
+    if link.staged:
+        out = out.cpu()
+    return dist.isend(out, dst=dst, group=link.group, tag=tag), out
+
+
+def _send(link: StageLink, t: torch.Tensor, dst: int | None, tag: int) -> None:
+    work, _ = _isend(link, t, dst, tag)
+    work.wait()
 
 
 def _stage_out(model: torch.nn.Module, link: StageLink, tokens: torch.Tensor,
@@ -90,13 +120,15 @@ def forward_logits(model: torch.nn.Module, link: StageLink, tp_group: Any,
                    tokens: torch.Tensor) -> torch.Tensor | None:
     """Forward only (no grad): full-vocabulary logits [b, s, vocab] of ``tokens`` [b, s] on the
     last stage, None on the others. Every rank of the unit calls it with the same tokens."""
+    device, dtype = _where(model)
+    tokens = tokens.to(device)
     with torch.no_grad():
         received = None
         if not link.first:
-            received = _recv(link, link.prev_rank, _act_shape(link, tokens), tag=0)
+            received = _recv(link, link.prev_rank, _act_shape(link, tokens), 0, device, dtype)
         out = _stage_out(model, link, tokens, received)
         if not link.last:
-            dist.send(out.contiguous(), dst=link.next_rank, group=link.group, tag=0)
+            _send(link, out, link.next_rank, 0)
             return None
         return full_vocab(model, out, tp_group)
 
@@ -106,14 +138,15 @@ def forward_cached(model: torch.nn.Module, link: StageLink, tokens: torch.Tensor
     """One KV-cache forward (prefill or decode) through the pipeline, no grad: the output layer's
     logits on the last stage (Megatron returns the last position only), None elsewhere. Each
     stage keeps the KV cache of its own layers in ``ctx``."""
+    device, dtype = _where(model)
     with torch.no_grad():
         if not link.first:
-            received = _recv(link, link.prev_rank, _act_shape(link, tokens), tag=0)
+            received = _recv(link, link.prev_rank, _act_shape(link, tokens), 0, device, dtype)
             model.set_input_tensor(received)  # type: ignore[operator]
         out: torch.Tensor = model(tokens, positions, None, inference_context=ctx,
                                   runtime_gather_output=True)
         if not link.last:
-            dist.send(out.contiguous(), dst=link.next_rank, group=link.group, tag=0)
+            _send(link, out, link.next_rank, 0)
             return None
         return out
 
@@ -126,6 +159,10 @@ def from_last(link: StageLink, value: torch.Tensor | None, like: torch.Tensor) -
             raise ValueError("a single-stage unit computes every value itself")
         return value
     buf = value.contiguous() if value is not None else torch.empty_like(like)
+    if link.staged:
+        host = buf.cpu()
+        dist.broadcast(host, src=link.last_rank, group=link.group)
+        return host.to(buf.device)
     dist.broadcast(buf, src=link.last_rank, group=link.group)
     return buf
 
@@ -134,7 +171,12 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
                      microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
     """1F1B over ``microbatches`` (token tensors [b_i, s]); gradients accumulate in the model's
     ``.grad``. ``loss_fn(i, logits)`` runs on the last stage; returns the sum of its values there
-    (0.0 on the other stages)."""
+    (0.0 on the other stages). On a GPU whose pp group is a device communicator, Megatron's own
+    schedule runs (:func:`megatron_forward_backward`); elsewhere this CPU schedule."""
+    device, dtype = _where(model)
+    if device.type == "cuda" and not link.staged:
+        return megatron_forward_backward(model, link, tp_group, microbatches, loss_fn)
+    microbatches = [m.to(device) for m in microbatches]
     n = len(microbatches)
     inputs: dict[int, torch.Tensor | None] = {}
     outputs: dict[int, torch.Tensor] = {}
@@ -146,7 +188,7 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
         tokens = microbatches[i]
         received = None
         if not link.first:
-            received = _recv(link, link.prev_rank, _act_shape(link, tokens), tag=2 * i)
+            received = _recv(link, link.prev_rank, _act_shape(link, tokens), 2 * i, device, dtype)
             received.requires_grad_(True)
         out = _stage_out(model, link, tokens, received)
         inputs[i] = received
@@ -155,8 +197,7 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
             total += float(loss.detach())
             outputs[i] = loss
         else:
-            sends.append(dist.isend(out.detach().contiguous(), dst=link.next_rank,
-                                    group=link.group, tag=2 * i))
+            sends.append(_isend(link, out, link.next_rank, 2 * i))
             outputs[i] = out
 
     def backward(i: int) -> None:
@@ -164,13 +205,12 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
         if link.last:
             out.backward()
         else:
-            grad = _recv(link, link.next_rank, tuple(out.shape), tag=2 * i + 1)
+            grad = _recv(link, link.next_rank, tuple(out.shape), 2 * i + 1, device, out.dtype)
             out.backward(grad)
         if received is not None:
             if received.grad is None:
                 raise RuntimeError(f"pipeline stage {link.pp_rank}: no input gradient")
-            sends.append(dist.isend(received.grad.contiguous(), dst=link.prev_rank,
-                                    group=link.group, tag=2 * i + 1))
+            sends.append(_isend(link, received.grad, link.prev_rank, 2 * i + 1))
 
     warmup = min(link.pp - link.pp_rank - 1, n)
     done_f = done_b = 0
@@ -185,6 +225,50 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
     while done_b < n:
         backward(done_b)
         done_b += 1
-    for w in sends:
+    for w, _ in sends:
         w.wait()
     return total
+
+
+def megatron_forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
+                              microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
+    """The same contract as :func:`forward_backward`, run by Megatron-core's schedules on a GPU
+    (``forward_backward_no_pipelining`` at pp = 1, the non-interleaved 1F1B otherwise) with the
+    unit's explicit groups. Megatron divides each microbatch's loss by the microbatch count;
+    ours are already normalised, so the loss handed back is scaled up by it (equal gradients)."""
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.core.pipeline_parallel.schedules import (
+        forward_backward_no_pipelining,
+        forward_backward_pipelining_without_interleaving,
+    )
+
+    device, _ = _where(model)
+    n = len(microbatches)
+    if n == 0:
+        return 0.0
+    config: Any = model.config
+    sizes = {int(m.shape[0]) for m in microbatches}
+    config.variable_seq_lengths = len(sizes) > 1  # the last microbatch may be shorter
+    pgs: Any = model.pg_collection
+
+    def forward_step(data_iterator: Any, stage: torch.nn.Module) -> tuple[torch.Tensor, Any]:
+        i, tokens = next(data_iterator)
+        tokens = tokens.to(device)
+        out: torch.Tensor = stage(tokens, _positions(tokens), None)
+
+        def loss_func(output: torch.Tensor, i: int = i) -> tuple[torch.Tensor, dict[str, Any]]:
+            loss = loss_fn(i, full_vocab(model, output, tp_group))
+            return loss * n, {"loss": loss.detach()}
+
+        return out, loss_func
+
+    kwargs: dict[str, Any] = dict(
+        forward_step_func=forward_step, data_iterator=iter(enumerate(microbatches)),
+        model=[model], num_microbatches=n, seq_length=int(microbatches[0].shape[1]),
+        micro_batch_size=int(microbatches[0].shape[0]), forward_only=False, pg_collection=pgs)
+    if link.pp == 1:
+        store = forward_backward_no_pipelining(**kwargs)
+    else:
+        store = forward_backward_pipelining_without_interleaving(
+            **kwargs, p2p_communicator=P2PCommunicator(pp_group=link.group, config=config))
+    return float(sum(float(d["loss"]) for d in store)) if link.last else 0.0

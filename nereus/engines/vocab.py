@@ -22,6 +22,11 @@ class GatherLastDim(torch.autograd.Function):
         ctx.rank, ctx.width = dist.get_rank(group), local.shape[-1]
         if size == 1:
             return local
+        if local.device.type != "cpu" and dist.get_backend(group) == "gloo":
+            host = local.detach().cpu().contiguous()  # a GPU unit on the host transport
+            host_parts = [torch.empty_like(host) for _ in range(size)]
+            dist.all_gather(host_parts, host, group=group)
+            return torch.cat(host_parts, dim=-1).to(local.device)
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local.contiguous(), group=group)
         return torch.cat(parts, dim=-1)

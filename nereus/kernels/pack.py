@@ -360,11 +360,14 @@ def _view_specs(views: Sequence[torch.Tensor]) -> list[SliceSpec]:
     return [SliceSpec(i, 0, tuple(v.stride()), tuple(v.shape)) for i, v in enumerate(views)]
 
 
-def pack_views(views: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def pack_views(views: Sequence[torch.Tensor], out: torch.Tensor | None = None, *,
+               force_backend: str | None = None, launch: TableLaunch | None = None
+               ) -> torch.Tensor:
     """``pack`` of whole tensor views (any strides), one after another in C order each."""
-    return pack(list(views), _view_specs(views), out)
+    return pack(list(views), _view_specs(views), out, force_backend=force_backend, launch=launch)
 
 
-def unpack_views(buffer: torch.Tensor, views: Sequence[torch.Tensor]) -> None:
+def unpack_views(buffer: torch.Tensor, views: Sequence[torch.Tensor], *,
+                 force_backend: str | None = None, launch: TableLaunch | None = None) -> None:
     """``unpack`` into whole writable tensor views: consecutive parts of ``buffer`` in order."""
-    unpack(buffer, list(views), _view_specs(views))
+    unpack(buffer, list(views), _view_specs(views), force_backend=force_backend, launch=launch)

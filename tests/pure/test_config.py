@@ -269,7 +269,10 @@ def test_file_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_passes(path: Path) -> None:
-    setup = load_config(str(path)).setup
+    from nereus.spec.hardware import GPU_PRESETS
+
+    # cluster.gpu: auto (examples/grpo-tiny-gpu.yaml) stands for the node's GPU: an H200 here
+    setup = load_config(str(path), detect_gpu=lambda: GPU_PRESETS["h200"]).setup
     assert setup.cluster.num_gpus >= 8 and setup.job.workflow.names[0] == "actor-gen"
 
 

@@ -70,7 +70,7 @@ def test_example_events_parse_and_cli_overrides_drop_those_outside_the_run() -> 
      "runtime.force_transitions[0].layouts.actor-train"),
     ({"max_new_tokens": 500}, {}, "runtime.max_new_tokens"),
     ({}, {"ranks": 6}, "--ranks"),
-    ({}, {"ranks": 1}, "--ranks"),
+    ({}, {"ranks": 0}, "--ranks"),  # one rank is a job (rank 0 controls and works)
     ({"inject_failure": {"rank": 9}}, {}, "runtime.inject_failure.rank"),
     ({"capacity_drop": {"at_step": 8, "memory_per_rank_gb": 0.05}}, {},
      "runtime.capacity_drop.at_step"),

@@ -253,12 +253,15 @@ def _parse(runtime: dict[str, Any]) -> Any:
 
 
 def test_generation_defaults_to_megatron_and_rejects_unknown_engines() -> None:
-    from nereus.config.run import RunConfig
+    """The default is ``auto``: Megatron-core on CPU ranks (vLLM on GPUs where it imports:
+    tests/test_device_config.py)."""
+    from nereus.config.run import RunConfig, resolve_generation
 
-    rc, _ = _parse({})
-    assert rc.generation == "megatron"
+    rc, setup = _parse({})
+    assert rc.generation == "auto"
+    assert resolve_generation(rc.generation, False, False, setup)[0] == "megatron"
     assert RunConfig.from_dict(rc.to_dict()) == rc
-    with pytest.raises(ConfigError, match="must be one of megatron, vllm") as e:
+    with pytest.raises(ConfigError, match="must be one of auto, megatron, vllm") as e:
         _parse({"generation": "tensorrt"})
     assert e.value.field == "runtime.generation"
 

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from nereus.emu.primitives import Destroy, Primitive, TransferNode, consumed, produced
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
+from nereus.runtime.execution.device import RankDevice
 from nereus.runtime.execution.torch_executor import TorchExecutor
 from nereus.runtime.worker.state import FIELDS, UnitState
 from nereus.spec.job import Setup
@@ -50,6 +51,7 @@ class DagRun:
     primitives: list[PrimitiveRun] = field(default_factory=list)
     waves: int = 0
     seconds: float = 0.0
+    transports: dict[str, int] = field(default_factory=dict)  # transfer groups by transport
 
     @property
     def bytes_moved(self) -> int:
@@ -61,7 +63,7 @@ class RankDagExecutor:
 
     def __init__(self, setup: Setup, dag: TransitionDag, held: Mapping[Emu, UnitState],
                  global_rank: int, store: dist.Store, namespace: str, *, timeout_s: float,
-                 lr: float) -> None:
+                 lr: float, device: RankDevice | None = None) -> None:
         self.setup = setup
         self.global_rank = global_rank
         self.executors: dict[str, TorchExecutor] = {}
@@ -70,7 +72,8 @@ class RankDagExecutor:
             self.executors[name] = TorchExecutor(
                 setup.job.model(ms.role), global_rank, store, f"{namespace}/{name}",
                 fields=len(FIELDS) if ms.trainable else 1,
-                gpus_per_node=setup.cluster.gpus_per_node, timeout_s=timeout_s, lr=lr)
+                gpus_per_node=setup.cluster.gpus_per_node, timeout_s=timeout_s, lr=lr,
+                device=device)
         for emu, st in held.items():
             if emu not in dag.source:
                 raise TransitionError(f"rank {global_rank} holds {emu}, not a source of the DAG")
@@ -126,7 +129,8 @@ class RankDagExecutor:
 
 
 def run_dag(setup: Setup, dag: TransitionDag, held: Mapping[Emu, UnitState], global_rank: int,
-            store: dist.Store, namespace: str, *, timeout_s: float, lr: float
+            store: dist.Store, namespace: str, *, timeout_s: float, lr: float,
+            device: RankDevice | None = None
             ) -> tuple[dict[Emu, UnitState], list[UnitState], DagRun]:
     """Drive ``dag`` to its end on this rank (every rank calls it with the same DAG).
 
@@ -134,10 +138,13 @@ def run_dag(setup: Setup, dag: TransitionDag, held: Mapping[Emu, UnitState], glo
     the caller's to release) and the run's record. Raises TransitionError when the scheduler
     stalls and CommunicationError when a transfer fails (the sources are then intact)."""
     ex = RankDagExecutor(setup, dag, held, global_rank, store, namespace, timeout_s=timeout_s,
-                         lr=lr)
+                         lr=lr, device=device)
     t0 = time.perf_counter()
     drive(Scheduler(dag, capacity_bytes=setup.cluster.gpu.memory_bytes), ex)
     ex.run.seconds = time.perf_counter() - t0
+    for tex in ex.executors.values():
+        for name, n in tex.transports.items():
+            ex.run.transports[name] = ex.run.transports.get(name, 0) + n
     final = ex.held()
     target = set(dag.target)
     stray = [e for e in final if e not in target]

@@ -91,3 +91,4 @@ def load_units(path: str, units: Sequence[UnitState]) -> None:
         st.counters = Counters(*meta[:4])
         for opt_state in st.optimizer.state.values():
             opt_state["step"].fill_(float(meta[4]))
+        st.refresh_model()

@@ -5,32 +5,45 @@ Two kinds:
   with ``dist.new_group``, which is collective over the whole default group — every rank of the
   job calls :func:`unit_groups` for every new unit, in the same order (the plan is deterministic,
   so every rank knows it).
-- *transition groups*: a fresh ``ProcessGroupGloo`` over a ``PrefixStore`` unique to the
-  transition, joined only by the GPUs that take part, with a bounded timeout, dropped after the
-  transition. On CUDA/ROCm the same code would build ``ProcessGroupNCCL`` (RCCL on ROCm).
+- *transition groups*: on the ``host`` transport a fresh ``ProcessGroupGloo`` over a
+  ``PrefixStore`` unique to the transition, joined only by the GPUs that take part, with a bounded
+  timeout, dropped after the transition (device tensors staged through pinned host buffers:
+  :mod:`nereus.runtime.execution.wire`); on the ``device`` transport the members' NCCL (RCCL)
+  communicator from the rank's cache (:class:`nereus.runtime.execution.device.RankDevice`).
+The backend of a unit group is its members' transport (``nccl`` or ``gloo``), the same on every
+rank because every rank holds every rank's placement.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
+from nereus.cluster.transport import DEVICE, HOST
 from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups
 from nereus.errors import CommunicationError
 
+if TYPE_CHECKING:
+    from nereus.runtime.execution.device import RankDevice
 
-def unit_groups(emu: Emu, global_rank: int, timeout_s: float) -> StageGroups | None:
-    """Create every group of ``emu`` (collective: all ranks call it); this rank's, or None."""
+
+def unit_groups(emu: Emu, global_rank: int, timeout_s: float,
+                device: RankDevice | None = None) -> StageGroups | None:
+    """Create every group of ``emu`` (collective: all ranks call it); this rank's, or None.
+    Each group's backend is its members' transport (gloo without ``device``)."""
     tp, pp = emu.layout.tp, emu.layout.pp
     to = timedelta(seconds=timeout_s)
     mine: dict[str, dist.ProcessGroup] = {}
 
     def make(name: str, ranks: list[int]) -> None:
-        g = dist.new_group(sorted(ranks), timeout=to, backend="gloo")
+        backend = "gloo" if device is None else device.backend(ranks)
+        g = dist.new_group(sorted(ranks), timeout=to, backend=backend)
         if global_rank in ranks:
             mine[name] = g
 
@@ -51,20 +64,48 @@ def unit_groups(emu: Emu, global_rank: int, timeout_s: float) -> StageGroups | N
 
 @dataclass
 class TransitionGroup:
-    """A gloo group for one transition: ``members`` are global ranks (GPU ids), sorted."""
+    """A group for one transition: ``members`` are global ranks (GPU ids), sorted.
 
-    pg: Any  # ProcessGroupGloo (a c10d Backend: send/recv/wait; untyped in torch stubs)
+    ``transport``: ``host`` — ``pg`` is a ProcessGroupGloo (a c10d Backend: send/recv/wait;
+    untyped in torch stubs), ``staged`` when device tensors go through host buffers; ``device``
+    — ``pg`` is a registered NCCL (RCCL) group on ``device``; ``label`` names it in the log."""
+
+    pg: Any
     members: tuple[int, ...]
     timeout_s: float
+    transport: str = HOST
+    staged: bool = False
+    device: torch.device | None = None
+    label: str = "host:gloo"
+    owner: Any = None  # the RankDevice whose cache holds ``pg`` (device transport)
 
     def group_rank(self, global_rank: int) -> int:
         return self.members.index(global_rank)
 
+    def abort(self) -> None:
+        """A transfer failed: abort the communicator so no member keeps waiting on it (a cached
+        device communicator: every one of the rank's, and the cache is emptied)."""
+        if self.owner is not None:
+            self.owner.abort()
+            return
+        with contextlib.suppress(Exception):
+            self.pg.abort()
+
 
 def transition_group(store: dist.Store, name: str, members: tuple[int, ...], global_rank: int,
-                     timeout_s: float) -> TransitionGroup:
-    """Join the group ``name`` (unique per transition) of ``members``; blocks until all join."""
+                     timeout_s: float, device: RankDevice | None = None) -> TransitionGroup:
+    """Join the group ``name`` (unique per transition) of ``members``; blocks until all join.
+    With ``device``, members that can use the device transport share its cached communicator."""
     members = tuple(sorted(members))
+    if device is not None and device.transport(members) == DEVICE:
+        try:
+            pg = device.device_group(members, timeout_s)
+        except (RuntimeError, dist.DistError) as e:
+            first = str(e).splitlines()[0] if str(e) else repr(e)
+            raise CommunicationError(f"rank {global_rank}: creating the device communicator of "
+                                     f"{members} failed: {first}") from e
+        return TransitionGroup(pg, members, timeout_s, DEVICE, False, device.device,
+                               device.label(members), device)
     prefix = dist.PrefixStore(f"nereus/transition/{name}", store)
     try:
         pg = dist.ProcessGroupGloo(prefix, members.index(global_rank), len(members),
@@ -74,4 +115,7 @@ def transition_group(store: dist.Store, name: str, members: tuple[int, ...], glo
         raise CommunicationError(
             f"rank {global_rank}: joining transition group {name} of {members} failed: {first}"
         ) from e
-    return TransitionGroup(pg, members, timeout_s)
+    if device is None:
+        return TransitionGroup(pg, members, timeout_s)
+    return TransitionGroup(pg, members, timeout_s, HOST, device.staged(members), device.device,
+                           device.label(members))

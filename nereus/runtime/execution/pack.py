@@ -5,8 +5,9 @@ an item (one move, one field) whose source slice is one contiguous range of the 
 and holds at least :data:`DIRECT_MIN_VALUES` values is its own message, sent straight from the
 live tensor (no copy) and received straight into the destination when that slice is contiguous
 too (else into a buffer, then copied). Every other item of the pair is packed, in plan order,
-into one buffer. A GPU kernel version may replace :func:`pack` / :func:`unpack`; they must keep
-the order of ``views``.
+into one buffer. This is the torch fallback of the packer (:mod:`nereus.runtime.execution.packer`);
+the compiled kernels replace :func:`pack` / :func:`unpack` on GPUs, keeping the order of
+``views``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def pack(views: Sequence[torch.Tensor], length: int | None = None) -> torch.Tens
     if length is not None and length < total:
         raise ValueError(f"pack: {total} values do not fit a buffer of {length}")
     dtype = views[0].dtype if views else torch.float32
-    out = torch.empty(total if length is None else length, dtype=dtype)
+    device = views[0].device if views else None
+    out = torch.empty(total if length is None else length, dtype=dtype, device=device)
     offset = 0
     for v in views:
         n = v.numel()

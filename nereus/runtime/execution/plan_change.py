@@ -34,6 +34,7 @@ class PlanChange:
     waves: int = 0
     primitives: list[dict[str, Any]] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    transports: dict[str, int] = field(default_factory=dict)  # this rank's transfer groups
 
 
 def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
@@ -41,21 +42,32 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
     """Every rank: leave ``units`` (consumed) for the units of ``order.target``, by the order's
     DAG, or by gathering and reloading the state where it has none."""
     setup, rank, timeout_s = units.setup, units.global_rank, units.timeout_s
+    device = units.device
     target, namespace = order.target, f"p{version}"
     dag = order.dag
     if dag is None:
         globs, counters, lost = gather_state(units, comm, order.pool)
         units.destroy()
-        new = PlanUnits(setup, target, rank, timeout_s, lr, globs, counters, store, namespace)
-        return new, PlanChange("gather-reload", state_bytes(globs), order.reason, lost=lost)
+        if device is not None:
+            device.release_memory()
+        new = PlanUnits(setup, target, rank, timeout_s, lr, globs, counters, store, namespace,
+                        device=device)
+        return new, PlanChange("gather-reload", state_bytes(globs), order.reason, lost=lost,
+                               transports={"mpi": 1})
     held = units.handover()
     units.destroy()  # the DP groups; the units' own groups travel with them
     sources = set(dag.source)
     stale = [st for e, st in held.items() if e not in sources]  # on ranks that left the pool
     final, consumed, run = run_dag(setup, dag, {e: st for e, st in held.items() if e in sources},
-                                   rank, store, f"{namespace}/dag", timeout_s=timeout_s, lr=lr)
+                                   rank, store, f"{namespace}/dag", timeout_s=timeout_s, lr=lr,
+                                   device=device)
     release_units(stale + consumed)
-    new = PlanUnits(setup, target, rank, timeout_s, lr, {}, {}, store, namespace, adopted=final)
+    del stale, consumed, held
+    if device is not None:
+        device.release_memory()  # what the DAG dropped goes back to the device
+    new = PlanUnits(setup, target, rank, timeout_s, lr, {}, {}, store, namespace, adopted=final,
+                    device=device)
     prims = [{"index": p.index, "kind": p.kind, "model_stage": p.model_stage, "wave": p.wave,
               "bytes": p.bytes_moved} for p in run.primitives]
-    return new, PlanChange("dag", run.bytes_moved, waves=run.waves, primitives=prims)
+    return new, PlanChange("dag", run.bytes_moved, waves=run.waves, primitives=prims,
+                           transports=run.transports)

@@ -3,11 +3,15 @@
 Every rank of the job runs the same sequence of primitive records — the transition DAG's own
 nodes (:mod:`nereus.emu.primitives`) — and computes each one's exact per-tensor transfer plan
 from the node and the model's shard rules (:func:`nereus.emu.transfer.node_transfer`). A rank
-taking part in a transfer joins a gloo group created for that transition only (unique store
-prefix, bounded timeout) and drops it afterwards; the unit groups of new units are created by
-every rank (``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at
-once; per pair, contiguous source slices go as they are (no copy) straight into contiguous
-destination slices, the rest packed into one buffer (:mod:`nereus.runtime.execution.pack`):
+taking part in a transfer joins the transition's group — on the host transport a gloo group
+created for that transition only (unique store prefix, bounded timeout) and dropped afterwards,
+device tensors staged through pinned host buffers; on the device transport the members' cached
+NCCL (RCCL) communicator (:mod:`nereus.runtime.execution.groups`,
+:mod:`nereus.runtime.execution.wire`); the unit groups of new units are created by every rank
+(``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at once; per
+pair, contiguous source slices go as they are (no copy) straight into contiguous destination
+slices, the rest packed into one buffer by the process's packer — the compiled kernels on GPUs,
+torch elsewhere (:mod:`nereus.runtime.execution.packer`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
   GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
   ``TorchExecutor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
@@ -25,25 +29,22 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from nereus.cluster.transport import DEVICE
 from nereus.emu.boxes import Box
 from nereus.emu.primitives import Destroy, Extend, Merge, Split, TransferNode, check_destroy
 from nereus.emu.shards import shards_at
 from nereus.emu.transfer import Move, TransferPlan, combine_plans, node_transfer
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
+from nereus.runtime.execution.device import RankDevice
 from nereus.runtime.execution.groups import TransitionGroup, transition_group, unit_groups
-from nereus.runtime.execution.pack import (
-    PairMessages,
-    box_is_contiguous,
-    pack,
-    pair_messages,
-    unpack,
-)
+from nereus.runtime.execution.pack import PairMessages, box_is_contiguous, pair_messages
+from nereus.runtime.execution.packer import Packer, process_packer
+from nereus.runtime.execution.wire import Posted, Wire, post_all_gather
 from nereus.runtime.worker.state import FIELDS, Counters, UnitState, new_unit_state
 from nereus.spec.model import ModelSpec
 
@@ -97,10 +98,6 @@ def block_contributions(plan: TransferPlan, block: Sequence[int]
     return tuple(out)
 
 
-def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.copy_(src)
-
-
 def _comm_error(global_rank: int, doing: str, timeout_s: float,
                 e: BaseException) -> CommunicationError:
     first = str(e).splitlines()[0] if str(e) else repr(e)
@@ -112,7 +109,9 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
                  targets: Sequence[UnitState | None], group: TransitionGroup | None,
                  gathers: Sequence[tuple[tuple[int, ...], TransitionGroup | None]] = (),
                  *, overlap_local: bool | None = None,
-                 on_transfers_done: Callable[[], None] | None = None) -> torch.Tensor | None:
+                 on_transfers_done: Callable[[], None] | None = None,
+                 packer: Packer | None = None,
+                 stats: dict[str, int] | None = None) -> torch.Tensor | None:
     """Run ``plan`` on this rank: ``sources[i]`` / ``targets[j]`` are this rank's states of
     plan.sources[i] / plan.targets[j] (None where the rank holds no part).
 
@@ -157,9 +156,11 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
                       if m.src_gpu == global_rank and pairwise(global_rank, m.dst_gpu)})
     recv_from = sorted({m.src_gpu for m in plan.moves
                         if m.dst_gpu == global_rank and pairwise(m.src_gpu, global_rank)})
+    packer = packer if packer is not None else process_packer(
+        next(held.model.parameters()).device.type)
     meta: torch.Tensor | None = None
     # (what, peer, work, copy after completion or None, timeout) in the order they are waited
-    works: list[tuple[str, int, Any, Callable[[], None] | None, float]] = []
+    works: list[Posted] = []
     keep: list[torch.Tensor] = []  # buffers that must outlive their work
     current = "posting transfers"
     timeout_s = group.timeout_s if group is not None else 0.0
@@ -168,52 +169,44 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
             if group is None:
                 raise TransitionError(
                     f"rank {global_rank} must transfer but has no transition group")
+            wire = Wire(group, global_rank)
             for peer in send_to:
                 items, msgs = _pair(spec, plan, global_rank, peer, len(fields))
-                dest = group.group_rank(peer)
                 for k, i in enumerate(msgs.direct):
                     view = src_view(*items[i])
                     assert view.is_contiguous()
-                    works.append(("send to", peer, group.pg.send([view], dest, DIRECT_TAG0 + k),
-                                  None, timeout_s))
+                    wire.send(view, peer, DIRECT_TAG0 + k)
                 if msgs.packed:
-                    buf = pack([src_view(*items[i]) for i in msgs.packed])
-                    keep.append(buf)
-                    works.append(("send to", peer, group.pg.send([buf], dest, PACKED_TAG), None,
-                                  timeout_s))
+                    wire.send(packer.pack([src_view(*items[i]) for i in msgs.packed]), peer,
+                              PACKED_TAG)
                 peer_from = sorted({m.src_gpu for m in plan.moves
                                     if m.dst_gpu == peer and m.src_gpu != peer})
                 if peer not in src_gpus and peer_from[0] == global_rank:
                     assert my_src is not None
-                    works.append(("send meta to", peer, group.pg.send(
-                        [meta_of(my_src)], dest, META_TAG), None, timeout_s))
+                    wire.send(meta_of(my_src), peer, META_TAG, "send meta to")
             for peer in recv_from:
                 items, msgs = _pair(spec, plan, peer, global_rank, len(fields))
-                frm = group.group_rank(peer)
                 for k, i in enumerate(msgs.direct):
-                    view = dst_view(*items[i])
-                    post: Callable[[], None] | None = None
-                    if not view.is_contiguous():
-                        tmp = torch.empty(view.shape, dtype=view.dtype)
-                        post = functools.partial(_copy_into, view, tmp)
-                        view = tmp
-                    works.append(("recv from", peer, group.pg.recv([view], frm, DIRECT_TAG0 + k),
-                                  post, timeout_s))
+                    wire.recv(dst_view(*items[i]), peer, DIRECT_TAG0 + k)
                 if msgs.packed:
                     views = [dst_view(*items[i]) for i in msgs.packed]
-                    buf = torch.empty(sum(v.numel() for v in views), dtype=views[0].dtype)
-                    works.append(("recv from", peer, group.pg.recv([buf], frm, PACKED_TAG),
-                                  functools.partial(unpack, buf, views), timeout_s))
+                    wire.recv_buffer(sum(v.numel() for v in views), views[0].dtype,
+                                     views[0].device, peer, PACKED_TAG,
+                                     functools.partial(_unpack_into, packer, views))
             if recv_from and global_rank not in src_gpus:
                 meta = torch.empty(META_VALUES, dtype=torch.int64)
-                works.append(("recv meta from", recv_from[0], group.pg.recv(
-                    [meta], group.group_rank(recv_from[0]), META_TAG), None, timeout_s))
+                wire.recv(meta, recv_from[0], META_TAG, "recv meta from")
+            works += wire.post()
+            keep += wire.keep
+            if stats is not None:
+                stats["staged_bytes"] = stats.get("staged_bytes", 0) + wire.staged_bytes
         for block, bgroup in gathers:
             if global_rank in block and bgroup is not None:
                 current = f"all-gather in block {block}"
                 works.append(_post_gather(plan, block, bgroup, global_rank, len(fields),
-                                          src_view, dst_view))
+                                          src_view, dst_view, packer, keep))
     except (RuntimeError, dist.DistError) as e:
+        _abort(group, gathers)
         raise _comm_error(global_rank, current, timeout_s, e) from e
     if overlap_local is None:
         overlap_local = next(held.model.parameters()).is_cuda
@@ -230,6 +223,7 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
             try:
                 w.wait(timedelta(seconds=wait_s))
             except (RuntimeError, dist.DistError) as e:
+                _abort(group, gathers)
                 what = doing if peer < 0 else f"{doing} rank {peer}"
                 raise _comm_error(global_rank, what, wait_s, e) from e
             if post is not None:
@@ -241,10 +235,23 @@ def execute_plan(plan: TransferPlan, global_rank: int, sources: Sequence[UnitSta
     return meta
 
 
+def _unpack_into(packer: Packer, views: list[torch.Tensor], buf: torch.Tensor) -> None:
+    packer.unpack(buf, views)
+
+
+def _abort(group: TransitionGroup | None,
+           gathers: Sequence[tuple[tuple[int, ...], TransitionGroup | None]]) -> None:
+    """A transfer failed: abort the device communicators involved (gloo groups time out on
+    their own), so a member waiting on this rank raises instead of hanging."""
+    for g in [group, *(bg for _, bg in gathers)]:
+        if g is not None and g.transport == DEVICE:
+            g.abort()
+
+
 def _post_gather(plan: TransferPlan, block: tuple[int, ...], bgroup: TransitionGroup,
                  global_rank: int, nfields: int, src_view: Callable[[Move, int], torch.Tensor],
-                 dst_view: Callable[[Move, int], torch.Tensor]
-                 ) -> tuple[str, int, Any, Callable[[], None], float]:
+                 dst_view: Callable[[Move, int], torch.Tensor], packer: Packer,
+                 keep: list[torch.Tensor]) -> Posted:
     """Post this member's all-gather of ``block`` (equal slots, zero-padded to the largest)."""
     contrib = block_contributions(plan, block)
     if contrib is None:
@@ -252,18 +259,19 @@ def _post_gather(plan: TransferPlan, block: tuple[int, ...], bgroup: TransitionG
     sizes = [sum(m.values for m in c) * nfields for c in contrib]
     slot = max(sizes)
     me = block.index(global_rank)
-    mine = pack([src_view(m, f) for m in contrib[me] for f in range(nfields)], length=slot)
-    out = torch.empty(slot * len(block), dtype=mine.dtype)
-    work = bgroup.pg._allgather_base(out, mine)
+    mine = packer.pack([src_view(m, f) for m in contrib[me] for f in range(nfields)],
+                       length=slot)
+    keep.append(mine)
 
-    def scatter() -> None:
+    def scatter(out: torch.Tensor) -> None:
         for i, src_gpu in enumerate(block):
             if src_gpu != global_rank:
                 moves = plan.sends(src_gpu, global_rank)
-                unpack(out[i * slot:i * slot + sizes[i]],
-                       [dst_view(m, f) for m in moves for f in range(nfields)])
+                packer.unpack(out[i * slot:i * slot + sizes[i]],
+                              [dst_view(m, f) for m in moves for f in range(nfields)])
 
-    return (f"all-gather in block {block}", -1, work, scatter, bgroup.timeout_s)
+    return post_all_gather(bgroup, mine, slot * len(block), scatter,
+                           f"all-gather in block {block}", keep)
 
 
 class TorchExecutor:
@@ -272,10 +280,15 @@ class TorchExecutor:
 
     def __init__(self, spec: ModelSpec, global_rank: int, store: dist.Store, namespace: str, *,
                  fields: int = len(FIELDS), gpus_per_node: int = 8, timeout_s: float = 30.0,
-                 lr: float = 1e-3) -> None:
+                 lr: float = 1e-3, device: RankDevice | None = None) -> None:
         """``namespace`` names this run of transitions (the same on every rank, new per run);
         ``fields``: 3 for a trained model-stage (parameters, Adam's moments), 1 for weights
-        only."""
+        only; ``device``: this rank's device, transports and packer (CPU ranks without it)."""
+        self.device = device
+        self.packer = device.packer if device is not None else None
+        # transfer groups this executor joined, by transport label ("device:nccl", "host:gloo"…)
+        self.transports: dict[str, int] = {}
+        self.stats: dict[str, int] = {}  # staged_bytes: what went through host buffers
         self.namespace = namespace
         self.spec = spec
         self.fields = fields
@@ -298,10 +311,11 @@ class TorchExecutor:
     def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0,
                initialize: bool = True) -> None:
         """Create the groups (collective) and, on its ranks, the state of a new unit."""
-        groups = unit_groups(emu, self.global_rank, self.timeout_s)
+        groups = unit_groups(emu, self.global_rank, self.timeout_s, self.device)
         if groups is not None:
             self.units[emu] = new_unit_state(self.spec, emu, self.global_rank, groups, lr=self.lr,
-                                             step=step, counters=counters, initialize=initialize)
+                                             step=step, counters=counters, initialize=initialize,
+                                             device=self.device)
 
     def _group(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]] = ()
                ) -> TransitionGroup | None:
@@ -313,8 +327,10 @@ class TorchExecutor:
         members = tuple(sorted({m.src_gpu for m in pairwise} | {m.dst_gpu for m in pairwise}))
         if self.global_rank not in members:
             return None
-        return transition_group(self.store, f"{self.namespace}/{self._seq}", members,
-                                self.global_rank, self.timeout_s)
+        group = transition_group(self.store, f"{self.namespace}/{self._seq}", members,
+                                 self.global_rank, self.timeout_s, self.device)
+        self.transports[group.label] = self.transports.get(group.label, 0) + 1
+        return group
 
     def _gathers(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]]
                  ) -> list[tuple[tuple[int, ...], TransitionGroup | None]]:
@@ -331,7 +347,8 @@ class TorchExecutor:
             group = None
             if self.global_rank in block:
                 group = transition_group(self.store, f"{self.namespace}/{self._seq}/gather"
-                                         f"{block[0]}", block, self.global_rank, self.timeout_s)
+                                         f"{block[0]}", block, self.global_rank, self.timeout_s,
+                                         self.device)
             out.append((block, group))
         return out
 
@@ -345,10 +362,10 @@ class TorchExecutor:
             step = ref.step_value()
         pending: list[UnitState | None] = []
         for emu in plan.targets:
-            groups = unit_groups(emu, self.global_rank, self.timeout_s)
+            groups = unit_groups(emu, self.global_rank, self.timeout_s, self.device)
             pending.append(None if groups is None else new_unit_state(
                 self.spec, emu, self.global_rank, groups, lr=self.lr, step=step,
-                counters=counters, initialize=False))
+                counters=counters, initialize=False, device=self.device))
         gather_blocks = [b for b in blocks if self.split_allgather
                          and block_contributions(plan, b) is not None]
         group = self._group(plan, gather_blocks)
@@ -361,6 +378,9 @@ class TorchExecutor:
                     st.counters = c
                     for opt_state in st.optimizer.state.values():
                         opt_state["step"].fill_(float(meta[4]))
+        for st in pending:
+            if st is not None:
+                st.refresh_model()  # the parameters from the master weights just written
         return pending
 
     def _execute(self, plan: TransferPlan, targets: Sequence[UnitState | None],
@@ -377,7 +397,10 @@ class TorchExecutor:
 
         meta = execute_plan(plan, self.global_rank, [self.units.get(e) for e in plan.sources],
                             targets, group, gathers, overlap_local=self.overlap_local,
-                            on_transfers_done=transfers_done)
+                            on_transfers_done=transfers_done, packer=self.packer,
+                            stats=self.stats)
+        if self.device is not None:
+            self.device.synchronize()  # device copies and unpacks are asynchronous
         self.last_transfer_s = time.perf_counter() - t0
         return meta
 
@@ -431,10 +454,15 @@ class TorchExecutor:
         """Drop ``op.unit`` — only while another replica of its state is among ``live`` (the
         job's live units): never the last copy (TransitionError)."""
         check_destroy(op.unit, live)
-        self.units.pop(op.unit, None)
+        if self.units.pop(op.unit, None) is not None and self.device is not None:
+            self.device.release_memory()  # the unit's memory back to the device
 
     def weight_sync(self, plan: TransferPlan) -> None:
         """Copy parameters from the train units into the existing gen units (fields=1)."""
         if plan.fields != 1:
             raise TransitionError("weight sync moves parameters only (fields=1)")
-        self._execute(plan, [self.units.get(e) for e in plan.targets], self._group(plan))
+        targets = [self.units.get(e) for e in plan.targets]
+        self._execute(plan, targets, self._group(plan))
+        for st in targets:
+            if st is not None:
+                st.refresh_model()

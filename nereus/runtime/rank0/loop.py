@@ -100,21 +100,52 @@ class RankZero:
         self.recorder = recorder
         self.rc = rc
         self.cluster = cluster
+        self.last_r0: dict[str, Any] | None = None  # the last completed step's batch values
+        self.redone: set[int] = set()  # steps already redone after an out-of-memory error
+
+    def redo_verdict(self, step: int, gathered: list[dict[str, Any]]) -> tuple[bool, str]:
+        """(whether step ``step`` stopped and is redone, why the job must end instead — it
+        stopped again after its redo — or "")."""
+        if not any(g.get("redo") for g in gathered):
+            return False, ""
+        if step in self.redone:
+            fatal = [e for g in gathered for e in g["oom"] if e.get("fatal")]
+            what = (f"rank {fatal[0]['global_rank']} in {fatal[0]['model_stage']}: "
+                    f"{fatal[0]['detail']}") if fatal else "a rank"
+            return True, (f"out of device memory in step {step} again after its urgent replan "
+                          f"({what})")
+        self.redone.add(step)
+        return True, ""
 
     def boundary(self, step: int, gathered: list[dict[str, Any]], plan: ExecutionPlan
                  ) -> PlanChangeOrder | None:
-        """After step ``step`` ran on ``plan``: the plan change every rank executes, or None."""
+        """After step ``step`` ran on ``plan``: the plan change every rank executes, or None.
+        A step that stopped (a rank out of device memory, ``redo``) is not a step of the run:
+        its OOMs calibrate the memory model, the controller replans (urgently, when the plan
+        no longer fits) and the same step runs again."""
         self.ctl.compilations.clear()
-        seen = self.observe(step, gathered)
-        calibrated = self.calibrate(seen, plan)
-        decided = self.decide(seen, plan)
-        self.log(seen, calibrated, decided, plan)
+        redo = any(g.get("redo") for g in gathered)
+        seen = self.observe(step, gathered, redo)
+        if redo:
+            events, say = self._memory(seen, plan)
+            calibrated = Calibrated(events=events, say=say)
+        else:
+            calibrated = self.calibrate(seen, plan)
+        decided = self.decide(seen, plan, redo)
+        self.log(seen, calibrated, decided, plan, redo)
         return decided.order
 
     # -- 1. observe --------------------------------------------------------------------------
 
-    def observe(self, step: int, gathered: list[dict[str, Any]]) -> Observed:
+    def observe(self, step: int, gathered: list[dict[str, Any]], redo: bool = False
+                ) -> Observed:
         r0 = gathered[0]
+        if redo:  # the step stopped: its batch values are those of the last completed step
+            job = self.ctl.setup.job
+            r0 = self.last_r0 or {**r0, "len_mean": float(job.gen_len),
+                                  "len_p95": float(job.gen_len_p95 or job.gen_len)}
+        else:
+            self.last_r0 = r0
         step_s = max(g["step_s"] for g in gathered)
         stage_s: dict[str, float] = {}
         for g in gathered:
@@ -132,14 +163,15 @@ class RankZero:
         pool_before = self.ctl.pool
         gpn = self.ctl.setup.cluster.gpus_per_node
         for ev in self.rc.events:
-            if ev.at_step != step:
+            if ev.at_step != step or redo:  # applied at the boundary after the step completes
                 continue
             node = set(range(ev.node * gpn, (ev.node + 1) * gpn))
             pool = set(self.ctl.pool) - node if ev.kind == "remove_node" \
                 else set(self.ctl.pool) | node
             self.ctl.set_pool(sorted(pool))
             events.append(("gpu-pool-change", {**ev.to_dict(), "pool": list(self.ctl.pool)}))
-        obs = Observation(step + 1, r0["len_mean"], r0["len_p95"], self.ctl.pool, step_s=step_s)
+        obs = Observation(step + 1, r0["len_mean"], r0["len_p95"], self.ctl.pool, step_s=step_s,
+                          memory_violation=redo)
         return Observed(step, step_s, stage_s, peaks, [e for g in gathered for e in g["oom"]],
                         r0, pool_before, self.ctl.pool, events, obs)
 
@@ -250,9 +282,9 @@ class RankZero:
 
     # -- 3. decide ---------------------------------------------------------------------------
 
-    def decide(self, seen: Observed, plan: ExecutionPlan) -> Decided:
+    def decide(self, seen: Observed, plan: ExecutionPlan, redo: bool = False) -> Decided:
         step, ctl = seen.step, self.ctl
-        forced = [t for t in self.rc.force_transitions if t.at_step == step]
+        forced = [] if redo else [t for t in self.rc.force_transitions if t.at_step == step]
         if forced:
             found = ctl.forced(seen.obs, dict(forced[0].layouts), plan)
             event = ("forced-transition", {**forced[0].to_dict(), "found": found is not None})
@@ -262,7 +294,7 @@ class RankZero:
                     f"{forced[0].to_dict()['layouts']} fits; plan kept"))
             target, planned = found
             return Decided(order=self._order(target, "forced", planned, plan), events=[event])
-        if step >= self.rc.steps - 1:
+        if step >= self.rc.steps - 1 and not redo:
             return Decided()
         d = ctl.after_step(seen.obs)
         if d is None or not d.replanned:
@@ -289,17 +321,24 @@ class RankZero:
     # -- 4. log ------------------------------------------------------------------------------
 
     def log(self, seen: Observed, calibrated: Calibrated, decided: Decided,
-            plan: ExecutionPlan) -> None:
+            plan: ExecutionPlan, redo: bool = False) -> None:
         rec, step = self.recorder, seen.step
-        rec.step(step, step_s=seen.step_s, stage_s=seen.stage_s, peaks=seen.peaks,
-                 pool_gpus=len(seen.pool_before), r0=seen.r0, plan=plan)
-        rec.calibration(step, self.ctl.setup.cluster.gpu.name, calibrated.stage_times,
-                        calibrated.samples, calibrated.efficiencies, calibrated.fixed_s)
-        for kind, payload in [*seen.events, *calibrated.events, *decided.events]:
+        if not redo:
+            rec.step(step, step_s=seen.step_s, stage_s=seen.stage_s, peaks=seen.peaks,
+                     pool_gpus=len(seen.pool_before), r0=seen.r0, plan=plan)
+            rec.calibration(step, self.ctl.setup.cluster.gpu.name, calibrated.stage_times,
+                            calibrated.samples, calibrated.efficiencies, calibrated.fixed_s)
+        redone = [("step-redone", {"step": step, "seconds": seen.step_s,
+                                   "replan": decided.order is not None})] if redo else []
+        for kind, payload in [*seen.events, *calibrated.events, *decided.events, *redone]:
             rec.event(step, kind, payload)
         if decided.decision is not None and decided.decision.replanned:
             rec.decision(step, decided.decision)
         for text in (calibrated.say, decided.say):
             if text:
                 rec.say(text)
-        rec.progress(step, seen.pool_before, seen.pool)
+        if redo:
+            rec.say(f"  step {step + 1} stopped (out of device memory) and runs again"
+                    + (" on a new plan" if decided.order is not None else ""))
+        else:
+            rec.progress(step, seen.pool_before, seen.pool)

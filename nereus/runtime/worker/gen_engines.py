@@ -1,8 +1,9 @@
 """Which generation engine actor-gen's unit uses on this rank (``runtime.generation``).
 
-``megatron`` (default): a :class:`~nereus.engines.backend.MegatronEngine` over the unit's own
+``megatron`` (the CPU default): a :class:`~nereus.engines.backend.MegatronEngine` over the unit's own
 GPTModel stage, made afresh per call (it holds no state: the unit's model is the engine).
-``vllm``: one :class:`~nereus.engines.vllm_engine.VllmEngine` per unit, built on first use and
+``vllm`` (the GPU default when vLLM imports: ``runtime.generation: auto`` is resolved at start by
+:func:`nereus.config.run.resolve_generation`): one :class:`~nereus.engines.vllm_engine.VllmEngine` per unit, built on first use and
 kept on the unit's model object (a new unit after a transition gets a new engine); its weights
 are refreshed from the unit's global parameters, all-gathered over the unit's tp group. The
 placement check runs on every rank, so a plan vLLM cannot serve fails everywhere at once.
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from nereus.config.run import RunConfig
 from nereus.emu.shards import tensor_specs
-from nereus.engines.backend import MEGATRON, GenerationEngine, MegatronEngine
+from nereus.engines.backend import VLLM, GenerationEngine, MegatronEngine
 from nereus.runtime.worker.state import UnitState
 from nereus.runtime.worker.train import link_of
 from nereus.runtime.worker.units import StageUnits, local_pieces
@@ -44,7 +45,8 @@ def unit_params(st: UnitState) -> dict[str, np.ndarray]:
 def actor_gen_engine(rc: RunConfig, setup: Setup, su: StageUnits) -> GenerationEngine | None:
     """The engine of this rank's actor-gen replica, or None when it holds none. Call on every
     rank (the vLLM placement check must fail on all of them alike)."""
-    if rc.generation != MEGATRON:
+    use_vllm = rc.generation == VLLM  # "auto" is resolved at start (main); unresolved: Megatron
+    if use_vllm:
         from nereus.engines.vllm_engine import check_vllm_placement
 
         check_vllm_placement(su.plan, dist.get_world_size())
@@ -52,7 +54,7 @@ def actor_gen_engine(rc: RunConfig, setup: Setup, su: StageUnits) -> GenerationE
     if mine is None:
         return None
     st = mine[1]
-    if rc.generation == MEGATRON:
+    if not use_vllm:
         return MegatronEngine(st.model, st.groups.tp, link_of(st))
     engine: GenerationEngine | None = getattr(st.model, _CACHE_ATTR, None)
     if engine is None:
@@ -62,7 +64,8 @@ def actor_gen_engine(rc: RunConfig, setup: Setup, su: StageUnits) -> GenerationE
         engine = VllmEngine(
             st.spec, tp=su.plan.tp, params=lambda: unit_params(st),
             max_model_len=setup.job.prompt_len + rc.max_new_tokens, seed=rc.seed, rank=rank,
-            local_rank=rank % setup.cluster.gpus_per_node,
+            local_rank=(st.device.choice.index if st.device is not None and st.device.on_gpu
+                        else rank % setup.cluster.gpus_per_node),  # the GPU the rank bound
             dtype=vllm_dtype(setup.job.dtype_bytes))
         setattr(st.model, _CACHE_ATTR, engine)
     return engine

@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     ft = FailureHandler(comm, args.log)
     if links.pairs:
         joined(comm, ft)
+    devices: list[Any] = []  # the RankDevice of each attempt: its communicators to abort
     while True:
         try:
-            code = _run(args, comm, plane, ft)
+            code = _run(args, comm, plane, ft, devices)
             grown = bool(links.pairs)
             links.release()
             if ft.enabled and not grown:  # ULFM: with a dead rank MPI_Finalize can wait forever
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         except Exception as e:  # agreed error, ranks died (survive, go on), or this rank failed
             failed: Exception = e
+            for dev in devices:  # no rank may keep waiting in a device communicator
+                dev.abort()
+            devices.clear()
             if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
                 return _agreed_error(plane, e)
             try:
@@ -150,7 +154,8 @@ def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
             fh.write(f"rank {rank}: {detail}\n")
 
 
-def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
+def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
+         devices: list[Any] | None = None) -> int:
     import torch.distributed as dist
 
     from nereus.config.load import load_config
@@ -175,8 +180,20 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
 
     rank = plane.global_rank
 
+    def detect() -> Any:  # cluster.gpu: auto — the hardware of rank 0's node, for every rank
+        from nereus.config.cluster import uses_auto_gpu
+        from nereus.config.load import load_raw
+
+        if not plane.is_root or not uses_auto_gpu(load_raw(args.config)):
+            return None
+        from nereus.cluster.probe import detected_gpu
+
+        return detected_gpu()
+
+    detected = comm.bcast(_agree(plane, detect), root=0)
+
     def setup_all() -> Any:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, detect_gpu=lambda: detected)
         rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                                   steps=args.steps, host_cores=args.host_cores)
         require_vllm(rc.generation)
@@ -188,6 +205,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     cfg, rc, setup = _agree(plane, setup_all)
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
+    dev, rc = _bind_device(plane, comm, rc, setup)
+    if devices is not None:
+        devices.append(dev)
 
     def maybe_fail(at_step: int) -> None:
         if rc.inject_failure == (rank, at_step):
@@ -221,7 +241,12 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     else:
         _agree(plane, lambda: None)
 
-    rendezvous(plane, generation=ft.generation, timeout_s=rc.timeout_s)
+    from nereus.cluster.transport import default_backend
+
+    rendezvous(plane, generation=ft.generation, timeout_s=rc.timeout_s,
+               backend=default_backend(dev.placements))
+    if recorder is not None:
+        recorder.event(0, "devices", _devices_event(dev, rc))
     from datetime import timedelta
 
     from nereus.engines.megatron_model import StageGroups
@@ -245,18 +270,20 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     rank_zero = None if ctl is None or recorder is None else RankZero(
         ctl, recorder, rc, cluster=ft.cluster_watch())
     globs, counters, start = ft.start_state(globs)
-    if setup.cluster.gpu.vendor == "cpu" and retain_freed_memory():
+    if setup.cluster.gpu.vendor == "cpu" and not dev.on_gpu and retain_freed_memory():
         reserve(setup.cluster.gpu.memory_bytes)  # a virtual GPU: its memory mapped up front
-    units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0")
+    units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0",
+                      device=dev)
     ft.resumed(plan, globs)
-    account = account_for_run(rank, setup, rc.capacity_drop)
+    account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
     inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
     version = 0
     pending: Rollout | None = None  # async: the next step's batch, generated ahead
     if start == 0 and ft.resume is None:  # the initial state too: a death in step 0 that takes
         ft.boundary(units, 0, version)  # every replica of a model-stage loses no state
         ft.checkpoint(plane, 0)
-    for step in range(start, rc.steps):
+    step = start
+    while step < rc.steps:
         ft.boundary(units, step, version)
         plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
                         if plane.is_root else None)
@@ -271,17 +298,27 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         ft.due(step, "step")  # an injected death of this step lands inside it
         gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
         order_d: dict[str, Any] | None = None
+        redo, fail = False, ""
         if plane.is_root:  # observe → calibrate → decide → log (rank0/loop.py)
             assert rank_zero is not None and gathered is not None
-            order = rank_zero.boundary(step, gathered, units.plan)
+            redo, fail = rank_zero.redo_verdict(step, gathered)
+            order = None if fail else rank_zero.boundary(step, gathered, units.plan)
             order_d = None if order is None else order.to_wire()
-        msg = plane.broadcast(Message("plan", plane.next_seq(), {"order": order_d})
-                              if plane.is_root else None)
+        msg = plane.broadcast(Message("plan", plane.next_seq(), {
+            "order": order_d, "redo": redo, "fail": fail}) if plane.is_root else None)
+        if msg.payload.get("fail"):  # the step ran out of device memory twice: end, one line
+            from nereus.runtime.worker.memory import DeviceOutOfMemory
+
+            raise DeviceOutOfMemory(str(msg.payload["fail"]))
+        redo = bool(msg.payload.get("redo"))  # a rank ran out of device memory: step again
+        next_step = step if redo else step + 1
         ft.replicate(plane)  # any survivor can take over the controller from here
-        ft.boundary(units, step + 1, version)
-        ft.checkpoint(plane, step + 1)
+        ft.boundary(units, next_step, version)
+        if not redo:
+            ft.checkpoint(plane, step + 1)
         ft.arm(rank, step, "transition")
-        if msg.payload["order"] is None or step == rc.steps - 1:
+        if msg.payload["order"] is None or (step == rc.steps - 1 and not redo):
+            step = next_step
             continue
         order = PlanChangeOrder.from_wire(msg.payload["order"])  # → execute, on every rank
         t1 = time.perf_counter()
@@ -294,6 +331,10 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
         measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
+        transports: dict[str, int] = {}  # the transfer groups of every rank, by transport
+        for got in comm.allgather(change.transports):
+            for name, n in got.items():
+                transports[name] = transports.get(name, 0) + n
         if plane.is_root:
             assert recorder is not None and rank_zero is not None
             rank_zero.transition_done(order, measured, change.executor, change.bytes_moved)
@@ -301,7 +342,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
                                 order.target, measured, change.bytes_moved, change.lost,
                                 executor=change.executor, primitives=change.primitives,
                                 dag_detail={"reason": change.reason, "waves": change.waves,
-                                            "compilations": order.compilations})
+                                            "compilations": order.compilations,
+                                            "transports": transports})
+        step = next_step
     if rc.save_state:
         final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
         if plane.is_root:
@@ -313,6 +356,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     ft.disarm()
     plane.agree(True)  # a rank lost up to here is a failure like any other (log still open)
     units.destroy()
+    dev.destroy()
     if plane.is_root:
         assert recorder is not None
         summary = recorder.finish()
@@ -321,6 +365,66 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
                 json.dump(summary, fh)
     dist.destroy_process_group()
     return 0
+
+
+def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
+    """Every rank: its device from the job environment and the node's inventory (agreed: a
+    ``runtime.device: cuda`` without a GPU is the same one-line error on every rank), bound
+    (``torch.cuda.set_device``) before any group or model exists; every rank's placement
+    (MPI all-gather), so every rank computes the same transports; ``runtime.generation: auto``
+    resolved as rank 0 sees it. Returns the rank's :class:`RankDevice` and the run config."""
+    from dataclasses import replace
+
+    from nereus.cluster.devices import select_device
+    from nereus.cluster.env import from_os_environ
+    from nereus.cluster.probe import device_facts
+    from nereus.cluster.transport import RankPlacement
+    from nereus.config.run import resolve_generation
+    from nereus.runtime.execution.device import RankDevice
+
+    def choose() -> Any:
+        job = from_os_environ()
+        choice = select_device(rc.device, device_facts(job), setup.cluster.gpu.vendor)
+        if choice.on_gpu:
+            import torch
+
+            from nereus.engines.megatron_model import prepare_device
+
+            torch.cuda.set_device(choice.index)
+            prepare_device(rc.seed)
+        return choice, job.node_name or _hostname()
+
+    choice, node = _agree(plane, choose)
+    placed = comm.allgather(RankPlacement.of(plane.global_rank, node, choice).to_dict())
+    placements = tuple(RankPlacement.from_dict(p) for p in placed)
+    dev = RankDevice(choice, placements, plane.global_rank)
+
+    def generation() -> Any:
+        from nereus.engines.vllm_engine import vllm_unavailable_reason
+
+        on_gpu = all(p.kind == "cuda" for p in placements)
+        return resolve_generation(rc.generation, on_gpu, on_gpu and
+                                  vllm_unavailable_reason() is None, setup)
+
+    engine, why = comm.bcast(generation() if plane.is_root else None, root=0)
+    dev.generation_reason = why
+    return dev, replace(rc, generation=engine)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _devices_event(dev: Any, rc: Any) -> dict[str, Any]:
+    """The log's record of where the ranks run (event ``devices``)."""
+    from nereus.cluster.transport import default_backend
+
+    return {"placements": [p.to_dict() for p in dev.placements],
+            "rank0": dev.choice.to_dict(), "default_backend": default_backend(dev.placements),
+            "dtype": str(dev.dtype).removeprefix("torch."), "pack": dev.packer.name,
+            "generation": rc.generation, "generation_reason": dev.generation_reason}
 
 
 def _max_op() -> Any:

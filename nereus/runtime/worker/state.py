@@ -17,6 +17,8 @@ import torch
 from nereus.emu.shards import LocalShard, shards_at
 from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups, build_gpt
+from nereus.runtime.execution.device import RankDevice
+from nereus.runtime.worker.precision import MixedPrecisionAdam
 from nereus.spec.model import ModelSpec
 
 FIELDS = ("param", "exp_avg", "exp_avg_sq")
@@ -32,17 +34,43 @@ class Counters:
     position: int = 0
 
 
+Optimizer = torch.optim.Adam | MixedPrecisionAdam
+
+
 @dataclass
 class UnitState:
-    """This rank's part of one EMU: a Megatron GPTModel stage and its Adam optimizer."""
+    """This rank's part of one EMU: a Megatron GPTModel stage and its Adam optimizer (on a GPU
+    with bf16 parameters: :class:`MixedPrecisionAdam`, whose fp32 masters are the state)."""
 
     spec: ModelSpec
     emu: Emu
     global_rank: int
     groups: StageGroups
     model: torch.nn.Module
-    optimizer: torch.optim.Adam
+    optimizer: Optimizer
     counters: Counters = field(default_factory=Counters)
+    device: RankDevice | None = None  # None: a CPU rank
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu") if self.device is None else self.device.device
+
+    def master_of(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """The tensor holding ``p``'s logical value: its fp32 master, or its data."""
+        if isinstance(self.optimizer, MixedPrecisionAdam):
+            return self.optimizer.master(p)
+        return p.data
+
+    def refresh_model(self) -> None:
+        """After the logical state was written (a transfer, a load): the parameters from it."""
+        if isinstance(self.optimizer, MixedPrecisionAdam):
+            self.optimizer.refresh()
+
+    def grads(self) -> list[torch.Tensor]:
+        """The gradients the optimizer steps on (fp32 masters' under mixed precision)."""
+        if isinstance(self.optimizer, MixedPrecisionAdam):
+            return list(self.optimizer.grads())
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
 
     @property
     def position(self) -> tuple[int, int]:
@@ -61,7 +89,7 @@ class UnitState:
         for s in self.shards():
             p = params[s.local_key]
             st = self.optimizer.state[p]
-            out["param"][s.local_key] = p.data
+            out["param"][s.local_key] = self.master_of(p)
             out["exp_avg"][s.local_key] = st["exp_avg"]
             out["exp_avg_sq"][s.local_key] = st["exp_avg_sq"]
         return out
@@ -74,29 +102,48 @@ class UnitState:
 
     def snapshot(self) -> dict[str, dict[str, np.ndarray]]:
         """A copy of the local tensors as numpy arrays (for checks and reassembly)."""
-        return {f: {k: t.detach().clone().numpy() for k, t in d.items()}
-                for f, d in self.tensors().items()}
+        return {f: {k: host_array(t) for k, t in d.items()} for f, d in self.tensors().items()}
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy copy of ``t`` wherever it lives."""
+    return t.detach().to("cpu", copy=True).numpy()
 
 
 def new_unit_state(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGroups, *,
                    lr: float = 1e-3, seed: int = 0, step: float = 0.0,
-                   counters: Counters | None = None, initialize: bool = True) -> UnitState:
+                   counters: Counters | None = None, initialize: bool = True,
+                   device: RankDevice | None = None) -> UnitState:
     """Build the stage model and an Adam optimizer whose state exists from the start.
 
     ``initialize=True``: Megatron's initial weights and zero moments. ``initialize=False``: a
     unit about to be filled (a transfer target, a checkpoint load): parameters and moments are
     left unwritten — the caller writes every value, so nothing is spent zeroing memory that is
-    overwritten at once."""
+    overwritten at once. ``device``: where the model lives and in which dtype (None: fp32 on
+    the CPU); a 16-bit dtype gets fp32 masters (:class:`MixedPrecisionAdam`)."""
     pp_rank, _ = divmod(emu.gpus.index(global_rank), emu.layout.tp)
+    where = torch.device("cpu") if device is None else device.device
+    dtype = torch.float32 if device is None else device.dtype
     model = build_gpt(spec, emu.layout.tp, emu.layout.pp, pp_rank, groups, seed=seed,
-                      initialize=initialize)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    moment = torch.zeros_like if initialize else torch.empty_like
-    for p in model.parameters():
-        opt.state[p] = {"step": torch.tensor(float(step)),
-                        "exp_avg": moment(p.data),
-                        "exp_avg_sq": moment(p.data)}
-    return UnitState(spec, emu, global_rank, groups, model, opt, counters or Counters())
+                      initialize=initialize, device=where, dtype=dtype)
+    params = list(model.parameters())
+    opt: Optimizer
+    if dtype == torch.float32:
+        opt = torch.optim.Adam(params, lr=lr)
+        moment = torch.zeros_like if initialize else torch.empty_like
+        for p in params:
+            opt.state[p] = {"step": torch.tensor(float(step)),
+                            "exp_avg": moment(p.data),
+                            "exp_avg_sq": moment(p.data)}
+    else:
+        opt = MixedPrecisionAdam(params, lr, initialize=initialize)
+        for p in params:
+            m = opt.master(p)
+            make = torch.zeros_like if initialize else torch.empty_like
+            opt.set_state(p, {"step": torch.tensor(float(step)), "exp_avg": make(m),
+                              "exp_avg_sq": make(m)})
+    return UnitState(spec, emu, global_rank, groups, model, opt, counters or Counters(),
+                     device)
 
 
 def load_global(state: UnitState, glob: dict[str, dict[str, np.ndarray]]) -> None:
@@ -110,6 +157,7 @@ def load_global(state: UnitState, glob: dict[str, dict[str, np.ndarray]]) -> Non
                                               zip(pc.global_.start, pc.global_.stop, strict=True))]
                 dst[tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
                                                       strict=True))] = torch.from_numpy(src)
+    state.refresh_model()
 
 
 def _seed_of(*parts: int) -> int:

@@ -89,6 +89,7 @@ class Rollout:
     greedy_tokens: torch.Tensor
     logp: torch.Tensor
     mask: torch.Tensor
+    halted: bool = False  # a rank ran out of device memory generating it: incomplete
 
 
 def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -105,22 +106,28 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     engine = actor_gen_engine(rc, inp.setup, su)  # runtime.generation; checked on every rank
     mine = su.my_replica()
     if mine is not None and engine is not None:
-        dp_rank, st = mine
-        lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
-        t0 = time.perf_counter()
-        engine.refresh_weights()  # the weights the last sync wrote (in place for megatron)
-        req = GenRequest(prompts[lo:hi], seq_ids[lo:hi], rc.seed, step, t_new, rc.temperature)
-        g = engine.generate(req)
-        kv_bytes = g.kv_cache_bytes
-        greedy = None
-        if job.algorithm == "remax":  # the greedy baseline response of every sequence's prompt
-            gg = engine.generate(replace(req, greedy=True))
-            greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
-        stage_s["actor-gen"] = stage_s.get("actor-gen", 0.0) + time.perf_counter() - t0
-        account.observe("actor-gen", _resident(units), kv_bytes)
-        if _reports(st):
-            contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy(), greedy)
-    parts = [c["gen"] for c in _exchange(comm, contrib) if "gen" in c]
+        with account.guard("actor-gen"):  # out of memory: the step halts and is redone
+            dp_rank, st = mine
+            lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
+            t0 = time.perf_counter()
+            engine.refresh_weights()  # the weights the last sync wrote (in place for megatron)
+            req = GenRequest(prompts[lo:hi], seq_ids[lo:hi], rc.seed, step, t_new,
+                             rc.temperature)
+            g = engine.generate(req)
+            kv_bytes = g.kv_cache_bytes
+            greedy = None
+            if job.algorithm == "remax":  # the greedy baseline response of every prompt
+                gg = engine.generate(replace(req, greedy=True))
+                greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
+            stage_s["actor-gen"] = stage_s.get("actor-gen", 0.0) + time.perf_counter() - t0
+            account.observe("actor-gen", _resident(units), kv_bytes)
+            if _reports(st):
+                contrib["gen"] = (lo, g.tokens.numpy(), g.logp.numpy(), g.mask.numpy(), greedy)
+    if account.halted:
+        contrib = {"halt": True}
+    exchanged = _exchange(comm, contrib)
+    halted = any(c.get("halt") for c in exchanged)
+    parts = [c["gen"] for c in exchanged if "gen" in c]
     tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
     greedy_tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
     logp = torch.zeros(n_seq, t_new, dtype=torch.float64)
@@ -136,7 +143,7 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
     return Rollout(step, texts, tokens[:, :p_len + width].contiguous(),
                    greedy_tokens[:, :p_len + width].contiguous(),
-                   logp[:, :width].contiguous(), mask[:, :width].contiguous())
+                   logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted)
 
 
 def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -163,12 +170,17 @@ def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     account.begin_step(step)
     if pending is None:
         pending = generate_rollout(inp, units, step, comm, account, stage_s)
+        if pending.halted:  # out of device memory: the step is redone, its batch anew
+            return _halted(account, stage_s), None
     if pending.step != step:
         raise ValueError(f"async step {step} got the batch of step {pending.step}")
     ahead = None
     if step + 1 < inp.rc.steps:
         ahead = generate_rollout(inp, units, step + 1, comm, account, stage_s)
-    return learn_step(inp, units, pending, comm, account, stage_s), ahead
+        if ahead.halted:  # redo the step with the same batch (no update ran)
+            return _halted(account, stage_s), pending
+    res = learn_step(inp, units, pending, comm, account, stage_s)
+    return res, (pending if res.get("redo") else ahead)
 
 
 def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
@@ -181,26 +193,36 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     logp, mask = rollout.logp, rollout.mask
 
     # -- inference ---------------------------------------------------------------------------
+    if rollout.halted:  # a rank ran out of memory generating the batch: redo the step
+        return _halted(account, stage_s)
     contrib: dict[str, Any] = {}
     for name, su, dp_rank, st in _my_replicas(units, ("ref-inf", "reward-inf", "critic-inf")):
-        lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
-        t0 = time.perf_counter()
-        lg = unit_logits(st, tokens[lo:hi])  # on the last pp stage only
-        out: torch.Tensor | None
-        if lg is None:
-            out = None
-        elif name == "ref-inf":
-            out = response_logp(lg, tokens[lo:hi], p_len)
-        elif name == "critic-inf":
-            out = response_values(lg, p_len)
-        else:
-            out = sequence_scores(lg, mask[lo:hi], p_len)
-        stage_s[name] = time.perf_counter() - t0
-        account.observe(name, _resident(units))
-        if out is not None and _reports(st):
-            contrib[name] = (lo, out.numpy())
+        if account.halted:
+            break
+        with account.guard(name):
+            lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
+            t0 = time.perf_counter()
+            lg = unit_logits(st, tokens[lo:hi])  # on the last pp stage only
+            out: torch.Tensor | None
+            if lg is None:
+                out = None
+            elif name == "ref-inf":
+                out = response_logp(lg, tokens[lo:hi], p_len)
+            elif name == "critic-inf":
+                out = response_values(lg, p_len)
+            else:
+                out = sequence_scores(lg, mask[lo:hi], p_len)
+            stage_s[name] = time.perf_counter() - t0
+            account.observe(name, _resident(units))
+            if out is not None and _reports(st):
+                contrib[name] = (lo, out.numpy())
+    if account.halted:
+        contrib = {"halt": True}
     got: dict[str, list[tuple[int, np.ndarray]]] = {}
-    for c in _exchange(comm, contrib):
+    exchanged = _exchange(comm, contrib)
+    if any(c.get("halt") for c in exchanged):  # no update ran yet: the step can be redone
+        return _halted(account, stage_s)
+    for c in exchanged:
         for k, v in c.items():
             got.setdefault(k, []).append(v)
 
@@ -253,20 +275,27 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
             def loss_of(i: int, lg: torch.Tensor, name: str = name, spans: Any = spans,
                         n_tok: float = n_tok) -> torch.Tensor:
                 a, b = spans[i]
+
+                def at(t: torch.Tensor) -> torch.Tensor:  # the batch's rows where the logits are
+                    return t[a:b].to(lg.device)
+
                 if name == "actor-train":
-                    new_logp = response_logp(lg, tokens[a:b], p_len)
-                    loss = policy_loss_sum(new_logp, logp[a:b], batch.advantages[a:b],
-                                           mask[a:b], rc.clip)
+                    new_logp = response_logp(lg, at(tokens), p_len)
+                    loss = policy_loss_sum(new_logp, at(logp), at(batch.advantages), at(mask),
+                                           rc.clip)
                     if critic_free:
-                        loss = loss + rc.kl_coef * kl_loss_sum(new_logp, ref_logp[a:b], mask[a:b])
+                        loss = loss + rc.kl_coef * kl_loss_sum(new_logp, at(ref_logp), at(mask))
                     loss = loss / n_tok
                 else:
-                    loss = value_loss_sum(response_values(lg, p_len), values[a:b],
-                                          batch.returns[a:b], mask[a:b], rc.clip) / n_tok
+                    loss = value_loss_sum(response_values(lg, p_len), at(values),
+                                          at(batch.returns), at(mask), rc.clip) / n_tok
                 return loss
 
-            # 1F1B through the unit's pipeline stages (pp=1: forward, backward per microbatch)
-            loss_total += unit_forward_backward(st, [tokens[a:b] for a, b in spans], loss_of)
+            # 1F1B through the unit's pipeline stages (pp=1: forward, backward per microbatch);
+            # out of memory here ends the job (DeviceOutOfMemory): updates may have run
+            with account.guard(name, redo=False):
+                loss_total += unit_forward_backward(st, [tokens[a:b] for a, b in spans],
+                                                    loss_of)
             account.observe(name, _resident(units))
             allreduce_grads(st, su.dp_group)
             st.optimizer.step()
@@ -299,6 +328,16 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
         "losses": losses,
         "sync_bytes": sync_bytes,
     }
+
+
+def _halted(account: MemoryAccount, stage_s: dict[str, float]) -> dict[str, Any]:
+    """The measurements of a step that stopped: a rank ran out of device memory before any
+    update, so no state changed; ``redo`` asks for the step again after the urgent replan."""
+    peak, ooms = account.take()
+    nan = float("nan")
+    return {"stage_s": stage_s, "peak_bytes": peak, "oom": [e.to_dict() for e in ooms],
+            "reward": nan, "rm_score": nan, "len_mean": nan, "len_p95": nan, "tokens": 0,
+            "kl": nan, "losses": {}, "sync_bytes": 0, "redo": True}
 
 
 def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tensor,

@@ -1,9 +1,11 @@
 """Forward passes and optimizer steps of one rank's part of a unit, any tp×pp (effectful).
 
 The one entry point the RL step uses for inference and training on a unit: pp=1 and pp>1 go
-through the same CPU schedule (:mod:`nereus.engines.pipeline`, 1F1B; at pp=1 it is forward then
-backward per microbatch). Logits and losses exist on the unit's last pipeline stage only; the
-vocab-sharded logits are gathered over the unit's explicit tp group.
+through one schedule (:mod:`nereus.engines.pipeline`: our 1F1B on CPU ranks — at pp=1 forward
+then backward per microbatch —, Megatron's on GPUs with a device communicator). Logits and losses
+exist on the unit's last pipeline stage only; the vocab-sharded logits are gathered over the
+unit's explicit tp group. Inference logits come back to the host (the batch-level math of the RL
+step is on the host); training losses are computed where the logits are.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ _GatherLastDim = GatherLastDim  # the name older callers import
 
 
 def link_of(state: UnitState) -> StageLink:
-    return stage_link(state.emu, state.global_rank, state.groups.pp, state.spec.hidden_size)
+    staged = False
+    if state.device is not None:
+        _, tp_rank = state.position
+        pp_ranks = [state.emu.gpu_at(p, tp_rank) for p in range(state.emu.layout.pp)]
+        staged = state.device.staged(pp_ranks)
+    return stage_link(state.emu, state.global_rank, state.groups.pp, state.spec.hidden_size,
+                      staged)
 
 
 def is_reporter(state: UnitState) -> bool:
@@ -36,7 +44,8 @@ def unit_logits(state: UnitState, tokens: torch.Tensor) -> torch.Tensor | None:
     stage, None on the other stages; every rank of the unit calls it with the same tokens."""
     state.model.eval()
     try:
-        return forward_logits(state.model, link_of(state), state.groups.tp, tokens)
+        out = forward_logits(state.model, link_of(state), state.groups.tp, tokens)
+        return None if out is None else out.float().cpu()
     finally:
         state.model.train()
 

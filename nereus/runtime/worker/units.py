@@ -28,9 +28,17 @@ from nereus.emu.unit import Emu, Layout
 from nereus.engines.generation import enable_kv_cache
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.errors import TransitionError
+from nereus.runtime.execution.device import RankDevice
 from nereus.runtime.execution.groups import unit_groups
 from nereus.runtime.execution.torch_executor import TorchExecutor
-from nereus.runtime.worker.state import FIELDS, Counters, UnitState, load_global, new_unit_state
+from nereus.runtime.worker.state import (
+    FIELDS,
+    Counters,
+    UnitState,
+    host_array,
+    load_global,
+    new_unit_state,
+)
 from nereus.spec.job import Setup
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan
@@ -69,10 +77,13 @@ class PlanUnits:
     def __init__(self, setup: Setup, plan: ExecutionPlan, global_rank: int, timeout_s: float,
                  lr: float, globs: dict[str, Glob], counters: dict[str, tuple[Counters, float]],
                  store: dist.Store, namespace: str,
-                 adopted: Mapping[Emu, UnitState] | None = None) -> None:
+                 adopted: Mapping[Emu, UnitState] | None = None,
+                 device: RankDevice | None = None) -> None:
         """Build the plan's units from ``globs``/``counters``, or — when ``adopted`` is given
         (after a transition DAG, on every rank) — take this rank's units of the plan from it:
-        then no unit group is created (the DAG made them), only the DP groups."""
+        then no unit group is created (the DAG made them), only the DP groups. ``device``: this
+        rank's device and every rank's placement (None: CPU ranks)."""
+        self.device = device
         self.setup = setup
         self.plan = plan
         self.global_rank = global_rank
@@ -99,19 +110,22 @@ class PlanUnits:
                     enable_kv_cache(st.model, st.groups.tp)
                     su.mine[dp_rank] = st
                     continue
-                groups = unit_groups(emu, global_rank, timeout_s)
+                groups = unit_groups(emu, global_rank, timeout_s, device)
                 if groups is None:
                     continue
                 self._groups += _groups_of(groups)
+                # on a GPU the values come from the logical state alone (load_global below)
                 st = new_unit_state(spec, emu, global_rank, groups, lr=lr, step=adam_step,
-                                    counters=Counters(**vars(c)))
+                                    counters=Counters(**vars(c)), device=device,
+                                    initialize=device is None or not device.on_gpu)
                 load_global(st, globs[sp.name])
                 enable_kv_cache(st.model, groups.tp)
                 su.mine[dp_rank] = st
             if setup.job.workflow.by_name(sp.name).trainable and sp.dp > 1:
                 for pos in range(sp.tp * sp.pp):
                     ranks = sorted(rep[pos] for rep in sp.replicas)
-                    g = dist.new_group(ranks, timeout=to, backend="gloo")
+                    g = dist.new_group(ranks, timeout=to, backend="gloo" if device is None
+                                       else device.backend(ranks))
                     if global_rank in ranks:
                         su.dp_group = g
                         self._groups.append(g)
@@ -134,7 +148,7 @@ class PlanUnits:
             self._sync_seq += 1
             ex = TorchExecutor(spec, self.global_rank, self._store,
                                f"{self._namespace}/sync{self._sync_seq}/{dst}", fields=1,
-                               timeout_s=self.timeout_s)
+                               timeout_s=self.timeout_s, device=self.device)
             for su in (s_units, d_units):
                 for dp_rank, st in su.mine.items():
                     ex.units[su.emus[dp_rank]] = st
@@ -205,8 +219,7 @@ def local_pieces(st: UnitState, fields: tuple[str, ...]) -> list[tuple[str, str,
             for pc in s.pieces:
                 view = t[tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
                                                             strict=True))]
-                out.append((f, s.tensor, pc.global_.start, pc.global_.stop,
-                            view.detach().clone().numpy()))
+                out.append((f, s.tensor, pc.global_.start, pc.global_.stop, host_array(view)))
     return out
 
 
@@ -232,11 +245,16 @@ def allreduce_grads(st: UnitState, group: Any) -> None:
     """Sum gradients over the DP group (the losses are already normalized globally)."""
     if group is None:
         return
-    grads = [p.grad for p in st.model.parameters() if p.grad is not None]
+    grads = st.grads()  # fp32 (the masters') under mixed precision
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
+    if flat.device.type != "cpu" and dist.get_backend(group) == "gloo":  # host transport
+        host = flat.cpu()
+        dist.all_reduce(host, group=group)
+        flat.copy_(host)
+    else:
+        dist.all_reduce(flat, group=group)
     off = 0
     for g in grads:
         n = g.numel()
