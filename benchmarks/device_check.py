@@ -3,7 +3,7 @@
     python3 benchmarks/device_check.py --out DIR [--dry-run] [--parts a,b,c]
 
 (a) pack kernels: nereus._kernels built, every byte of random slices checked against torch with
-    poisoned outputs (tests/test_kernels_gpu.py), bandwidth against a device copy of the same
+    poisoned outputs (tests/gpu/test_kernels_gpu.py), bandwidth against a device copy of the same
     bytes (benchmarks/pack.py; goal >= 0.90 on the layer and embedding plans);
 (b) nereus run of examples/grpo-tiny-gpu.yaml: 1 rank on the GPU (generation, training, weight
     sync, the allocator's peaks, an induced out-of-memory error turned into an urgent replan
@@ -124,7 +124,7 @@ def part_a(out: Path, dry_run: bool) -> dict[str, Any]:
     res: dict[str, Any] = {"build_s": round(time.time() - t0, 1), "built": b.returncode == 0}
     if b.returncode != 0:
         return {**res, "ok": False, "why": "build failed"}
-    t = run([sys.executable, "tests/test_kernels_gpu.py"], 180)
+    t = run([sys.executable, "tests/gpu/test_kernels_gpu.py"], 180)
     skipped = "SKIP" in t.stdout + t.stderr
     res["correct"] = t.returncode == 0 and not skipped
     bench = out / "pack_bench.json"
@@ -163,7 +163,7 @@ def _part_a_host() -> dict[str, Any]:
     import random
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from pack_cases import check_pack, check_roundtrip, check_unpack, random_pieces
+    from support.pack_cases import check_pack, check_roundtrip, check_unpack, random_pieces
 
     from nereus.kernels.host_mode import build_host_library, host_launch, load_host_library
 
