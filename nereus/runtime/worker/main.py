@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from nereus.errors import CommunicationError
     from nereus.runtime.failures.recovery import FailureHandler
     from nereus.runtime.failures.ulfm import RankFailure, secondary
+    from nereus.runtime.mpi.frames import FrameError
     from nereus.runtime.mpi.growth import Grown, Links, join_parent, joined
     from nereus.runtime.mpi.plane import ControlPlane
 
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     comm = join_parent(links) or MPI.COMM_WORLD  # spawned for a late node: the merged job
     plane = ControlPlane(comm)
     ft = FailureHandler(comm, args.log)
-    if links.pairs:
-        joined(comm, ft)
+    if links.pairs:  # the job's setup as the config gives it (see growth.joined)
+        joined(comm, ft, _configure(args)[2])
     while True:
         try:
             code = _run(args, comm, plane, ft)
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         except Exception as e:  # agreed error, ranks died (survive, go on), or this rank failed
             failed: Exception = e
-            if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
+            if (isinstance(e, CommunicationError) and not isinstance(e, FrameError)
+                    and ft.units is None):  # agreed at start-up (a torn frame is not agreed)
                 return _agreed_error(plane, e)
             try:
                 survived = ft.survive(comm, plane.global_rank, e) if secondary(e) else None
@@ -148,11 +150,20 @@ def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
             fh.write(f"rank {rank}: {detail}\n")
 
 
+def _configure(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(config, run options, setup) of the job, as every rank reads them."""
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+
+    cfg = load_config(args.config)
+    rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
+                              steps=args.steps)
+    return cfg, rc, setup
+
+
 def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     import torch.distributed as dist
 
-    from nereus.config.load import load_config
-    from nereus.config.run import parse_runtime
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import ConfigError, InfeasiblePlanError
     from nereus.rl.sample_order import SampleOrder
@@ -174,9 +185,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     rank = plane.global_rank
 
     def setup_all() -> Any:
-        cfg = load_config(args.config)
-        rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
-                                  steps=args.steps)
+        cfg, rc, setup = _configure(args)
         require_vllm(rc.generation)
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
@@ -211,7 +220,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     plan_d = _agree(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else
                                     first_plan().to_dict()) if plane.is_root else None)
     plan = ExecutionPlan.from_dict(plane.broadcast(
-        Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None
+        Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None, "plan"
     ).payload["plan"])
     if plane.is_root:
         recorder = _agree(plane, lambda: ft.resume.recorder if ft.resume else
@@ -257,7 +266,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     for step in range(start, rc.steps):
         ft.boundary(units, step, version)
         plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
-                        if plane.is_root else None)
+                        if plane.is_root else None, "step")
         maybe_fail(step)
         ft.arm(rank, step, "step")
         t0 = time.perf_counter()
@@ -274,7 +283,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
             order = rank_zero.boundary(step, gathered, units.plan)
             order_d = None if order is None else order.to_wire()
         msg = plane.broadcast(Message("plan", plane.next_seq(), {"order": order_d})
-                              if plane.is_root else None)
+                              if plane.is_root else None, "plan")
         ft.replicate(plane)  # any survivor can take over the controller from here
         ft.boundary(units, step + 1, version)
         ft.checkpoint(plane, step + 1)
@@ -291,7 +300,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
                               worker_argv=sys.argv[1:]))
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
-        measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
+        measured = _max_over_ranks(comm, time.perf_counter() - t1)
         if plane.is_root:
             assert recorder is not None
             recorder.transition(step, {"kind": order.kind, "predicted_s": order.predicted_s},
@@ -320,10 +329,14 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any) -> int:
     return 0
 
 
-def _max_op() -> Any:
+def _max_over_ranks(comm: Any, value: float) -> float:
+    """The largest ``value`` of all ranks (a buffer-based MPI_Allreduce: nothing pickled)."""
+    import numpy as np
     from mpi4py import MPI
 
-    return MPI.MAX
+    out = np.zeros(1)
+    comm.Allreduce(np.array([value], dtype=np.float64), out, op=MPI.MAX)
+    return float(out[0])
 
 
 if __name__ == "__main__":
