@@ -35,8 +35,9 @@ message of ``kind`` it takes part in: ``before`` (no call of it made), ``prefix`
 exchanged, payload not), ``torn`` (its payload goes out with the second half zero-filled — the
 bytes a dying sender leaves in flight, issue #25 — and it dies after the payload call; a rank of
 the list that sends nothing dies there too), ``payload`` (payload exchanged, agreement not),
-``agreed`` (agreement done, message not yet returned). ``stamp``: a file to which the dying
-process appends ``<world rank> <unix time>``. The knob is read here only, once per process, and
+``agreed`` (agreement done, message not yet returned); a process due to die whose message
+fails before its point (the others revoked on its torn bytes) dies then. ``stamp``: a file to
+which the dying process appends ``<world rank> <unix time>``. The knob is read here only, once per process, and
 does nothing when unset: it exists for ``tests/test_frames_mpi.py`` and
 ``tests/test_frames_kill.py``.
 """
@@ -229,6 +230,14 @@ def agree_digest(comm: Any, digest: bytes, kind: str) -> None:
 def bcast(comm: Any, obj: Any, root: int, kind: str) -> Any:
     """``obj`` of rank ``root`` on every rank of ``comm`` (collective; the others pass None)."""
     kill = _test_kill(kind)
+    try:
+        return _bcast(comm, obj, root, kind, kill)
+    except BaseException:
+        kill.fail()
+        raise
+
+
+def _bcast(comm: Any, obj: Any, root: int, kind: str, kill: _Kill) -> Any:
     me = comm.Get_rank()
     if me == root:
         prefix, payload = encode(obj, kind)
@@ -253,9 +262,17 @@ def bcast(comm: Any, obj: Any, root: int, kind: str) -> Any:
 
 def allgather(comm: Any, obj: Any, kind: str) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank of ``comm`` (collective)."""
+    kill = _test_kill(kind)
+    try:
+        return _allgather(comm, obj, kind, kill)
+    except BaseException:
+        kill.fail()
+        raise
+
+
+def _allgather(comm: Any, obj: Any, kind: str, kill: _Kill) -> list[Any]:
     from mpi4py import MPI
 
-    kill = _test_kill(kind)
     size = comm.Get_size()
     prefix, payload = encode(obj, kind)
     prefixes = np.zeros((size, PREFIX_BYTES), dtype=np.uint8)
@@ -289,7 +306,13 @@ class _Kill:
     stamp: str = ""
 
     def at(self, point: str) -> None:
-        if point == self.point:
+        if self.point and point == self.point:
+            self.fail()
+
+    def fail(self) -> None:
+        """Die now (a process due to die in this message whose message failed first: the
+        others revoked the communicator on its torn bytes, or its node's other rank died)."""
+        if self.point:
             import signal
             import time
 
