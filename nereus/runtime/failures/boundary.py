@@ -80,7 +80,6 @@ class BoundaryBook:
                 return b
         raise KeyError(f"no boundary {key} on this rank (kept {[b.key for b in self.kept]})")
 
-
     def oldest_of(self, keys: Sequence[Sequence[int]]) -> Boundary:
         """The oldest of the ranks' latest boundaries ``keys`` (this rank's among them)."""
         return self.at(min((int(k[0]), int(k[1])) for k in keys))

@@ -37,9 +37,9 @@ bytes a dying sender leaves in flight, issue #25 — and it dies after the paylo
 the list that sends nothing dies there too), ``payload`` (payload exchanged, agreement not),
 ``agreed`` (agreement done, message not yet returned); a process due to die whose message
 fails before its point (the others revoked on its torn bytes) dies then. ``stamp``: a file to
-which the dying process appends ``<world rank> <unix time>``. The knob is read here only, once per process, and
-does nothing when unset: it exists for ``tests/test_frames_mpi.py`` and
-``tests/test_frames_kill.py``.
+which the dying process appends ``<world rank> <unix time>``. The knob is read here only (at
+each message, counting them per kind in this process) and does nothing when unset: it exists
+for ``tests/test_frames.py`` and ``tests/test_frames_kill.py``.
 """
 
 from __future__ import annotations
