@@ -4,36 +4,19 @@ classification of errors as consequences of a dead peer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from nereus.config.failures import FailureOptions, Kill, parse_failures
 from nereus.errors import ConfigError
-from nereus.runtime.failures.boundary import (
-    Boundary,
-    BoundaryBook,
-    agree_boundary,
-    surviving_replica,
-)
+from nereus.runtime.failures.boundary import Boundary, BoundaryBook, surviving_replica
 from nereus.runtime.failures.checkpoint import latest_global, read_history, save_global
 from nereus.runtime.failures.recovery import surviving_node_map, survivor_setup
 from nereus.runtime.failures.ulfm import secondary
 from nereus.runtime.worker.state import Counters
 from nereus.spec.plan import ExecutionPlan, StagePlan
-
-
-@dataclass
-class FakeComm:
-    """``allgather`` over survivors whose contributions are given."""
-
-    others: list[Any]
-
-    def allgather(self, mine: Any) -> list[Any]:
-        return [mine, *self.others]
 
 
 def _boundary(step: int, version: int) -> Boundary:
@@ -45,11 +28,12 @@ def test_book_keeps_two_and_survivors_agree_on_the_older_latest() -> None:
     for key in ((0, 0), (1, 0), (1, 1)):
         book.record(_boundary(*key))
     assert [b.key for b in book.kept] == [(1, 0), (1, 1)]
+    # What agree_boundary all-gathers: every survivor's latest key, this rank's among them.
     # Another survivor did not get the plan change: both fall back to (1, 0).
-    assert agree_boundary(book, FakeComm([(1, 0), (1, 1)])).key == (1, 0)
-    assert agree_boundary(book, FakeComm([(1, 1)])).key == (1, 1)
+    assert book.oldest_of([book.latest(), [1, 0], [1, 1]]).key == (1, 0)
+    assert book.oldest_of([book.latest(), [1, 1]]).key == (1, 1)
     with pytest.raises(KeyError):  # never more than one boundary apart
-        agree_boundary(book, FakeComm([(0, 0)]))
+        book.oldest_of([book.latest(), [0, 0]])
 
 
 def _stage(name: str, replicas: tuple[tuple[int, ...], ...], tp: int = 1) -> StagePlan:
@@ -177,7 +161,8 @@ def test_secondary_errors() -> None:
     assert secondary(RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
     assert not secondary(RuntimeError("injected failure (runtime.inject_failure) at step 1"))
     assert not secondary(KeyError("actor-train"))
-    import pickle
+    from nereus.runtime.mpi.frames import FrameError
 
-    # rank 0 killed during the controller-replica broadcast: the others got a garbled message
-    assert secondary(pickle.UnpicklingError("invalid load key, '\\x00'."))
+    # rank 0 killed during the controller-replica broadcast: the others got a torn frame
+    assert secondary(FrameError("control plane: replica message from the root: checksum "
+                                "mismatch"))

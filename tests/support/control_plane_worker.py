@@ -17,7 +17,7 @@ def main() -> int:
     plane = ControlPlane(MPI.COMM_WORLD)
     r = plane.global_rank
     plan = {"stages": [{"name": "actor-train", "tp": 2}]}
-    got = plane.broadcast(Message("plan", 1, plan) if plane.is_root else None)
+    got = plane.broadcast(Message("plan", 1, plan) if plane.is_root else None, "plan")
     assert got.payload == plan and got.seq == 1
     gathered = plane.gather({"rank": r, "step_s": 0.5 * r})
     if plane.is_root:

@@ -2,7 +2,8 @@
 
 This is the in-process checkpoint/restart path of DESIGN.md §2.1 (urgent fallback): the logical
 state Λ of every model-stage — parameters, Adam moments, counters — is read from one complete
-replica (one whose ranks are all still in the pool when there is one), all-gathered over MPI,
+replica (one whose ranks are all still in the pool when there is one), all-gathered over MPI
+(framed: :mod:`nereus.runtime.mpi.frames`),
 the old plan's units and process groups are destroyed and the new plan's are built from it.
 It is exact (the same global values in a new layout) and needs no transition DAG. Plan changes
 normally run as a transition DAG of EMU primitives (:mod:`nereus.runtime.execution.plan_change`); this path
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from nereus.runtime.mpi.frames import allgather
 from nereus.runtime.worker.state import FIELDS, Counters
 from nereus.runtime.worker.units import (
     Glob,
@@ -68,13 +70,20 @@ def allgather_contributions(comm: Any, contrib: dict[str, Any]
                             ) -> tuple[dict[str, list[Any]], dict[str, tuple[Counters, float]]]:
     """Every rank's ``{model_stage: {"pieces": [...], "counters"?: ...}}`` merged on every rank
     (collective over ``comm``): the pieces per model-stage and the counters of each."""
+    wire: dict[str, Any] = {}
+    for name, entry in contrib.items():  # plain data: counters as their fields
+        wire[name] = {"pieces": entry["pieces"]}
+        if "counters" in entry:
+            c, adam = entry["counters"]
+            wire[name]["counters"] = [vars(c), adam]
     pieces: dict[str, list[Any]] = {}
     counters: dict[str, tuple[Counters, float]] = {}
-    for c in comm.allgather(contrib):
+    for c in allgather(comm, wire, "state"):
         for name, entry in c.items():
             pieces.setdefault(name, []).extend(entry["pieces"])
             if "counters" in entry:
-                counters[name] = entry["counters"]
+                fields, adam = entry["counters"]
+                counters[name] = (Counters(**fields), float(adam))
     return pieces, counters
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.runtime.execution.gather_reload import allgather_contributions
+from nereus.runtime.mpi.frames import allgather
 from nereus.runtime.worker.state import FIELDS, Counters
 from nereus.runtime.worker.units import (
     Glob,
@@ -79,11 +80,14 @@ class BoundaryBook:
                 return b
         raise KeyError(f"no boundary {key} on this rank (kept {[b.key for b in self.kept]})")
 
+    def oldest_of(self, keys: Sequence[Sequence[int]]) -> Boundary:
+        """The oldest of the ranks' latest boundaries ``keys`` (this rank's among them)."""
+        return self.at(min((int(k[0]), int(k[1])) for k in keys))
+
 
 def agree_boundary(book: BoundaryBook, comm: Any) -> Boundary:
     """The oldest of the survivors' latest boundaries (collective over the survivors)."""
-    keys = [tuple(k) for k in comm.allgather(book.latest())]
-    return book.at(min(keys))
+    return book.oldest_of(allgather(comm, list(book.latest()), "boundary"))
 
 
 def surviving_replica(plan: ExecutionPlan, name: str, pool: Sequence[int]) -> int | None:

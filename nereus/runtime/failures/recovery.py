@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import threading
 import time
@@ -42,6 +41,7 @@ from nereus.runtime.failures.boundary import (
 )
 from nereus.runtime.failures.checkpoint import latest_global, read_history, save_global
 from nereus.runtime.failures.ulfm import RankFailure, shrink, ulfm_enabled
+from nereus.runtime.mpi.frames import bcast
 from nereus.runtime.worker.state import FIELDS, Counters
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
@@ -99,7 +99,7 @@ class FailureHandler:
         self.original = tuple(range(comm.Get_size()))  # current rank → original global rank
         self.generation = 0
         self.book = BoundaryBook()
-        self.replica: bytes | None = None
+        self.replica: dict[str, Any] | None = None  # rank 0's controller and record, as data
         self.resume: Resume | None = None
         self.units: Any = None
         self.setup: Setup | None = None
@@ -151,12 +151,14 @@ class FailureHandler:
             self.book.record(take_boundary(units, step, version))
 
     def replicate(self, plane: Any) -> None:
-        """Rank 0 sends its controller, step rows and counters; the others keep them."""
-        blob = None
+        """Rank 0 sends its controller, step rows and counters (plain data); the others keep
+        them."""
+        data = None
         if plane.is_root and self.ctl is not None and self.recorder is not None:
             r = self.recorder
-            blob = pickle.dumps((self.ctl, r.rows, r.transitions, r.transition_s))
-        self.replica = plane.comm.bcast(blob, root=plane.root)
+            data = {"controller": self.ctl.to_dict(), "rows": r.rows,
+                    "transitions": r.transitions, "transition_s": r.transition_s}
+        self.replica = bcast(plane.comm, data, plane.root, "replica")
 
     def cluster_watch(self) -> Any:
         """Rank 0 under Slurm: the watch of the allocation
@@ -302,7 +304,8 @@ class FailureHandler:
                 err = str(e)
             except Exception as e:
                 err = f"{type(e).__name__}: {e}"
-        plan_d, err = new_comm.bcast((plan_d, err), root=0)
+        told = bcast(new_comm, {"plan": plan_d, "error": err}, 0, "survive")
+        plan_d, err = told["plan"], str(told["error"])
         if err:
             raise RankFailure(err)
         res.plan = ExecutionPlan.from_dict(plan_d)
@@ -334,7 +337,10 @@ class FailureHandler:
                                      static=self.rc.policy == "static")
             old.initial()  # the fixed layouts of the static policy, as rank 0 had them
         elif old is None and self.replica is not None:  # rank 0 died: its last replica
-            old, rows, transitions, transition_s = pickle.loads(self.replica)
+            rep = self.replica
+            old = RankZeroController.from_dict(self.setup, rep["controller"])
+            rows, transitions, transition_s = (list(rep["rows"]), int(rep["transitions"]),
+                                               float(rep["transition_s"]))
         completed = len(rows)
         rows = [r for r in rows if r["step"] < res.step]
         ctl = RankZeroController(res.setup, old.adapt, static=old.static)

@@ -8,7 +8,7 @@ the bound on detection. Whatever the first error on a rank, it calls :func:`shri
 ``Comm.Revoke`` makes every pending and later call on the old communicator fail on every rank
 (so no rank waits in it), ``Comm.Shrink`` builds the communicator of the survivors (the same
 relative order, so the lowest surviving rank is rank 0 of the new one: the new controller), and
-an all-gather over it names the survivors by their original global ranks (GPU ids).
+a (framed) all-gather over it names the survivors by their original global ranks (GPU ids).
 
 When nobody died (a plain bug on one rank), the shrunk communicator has every rank and the
 caller treats the error as fatal, as before.
@@ -23,6 +23,7 @@ from typing import Any
 
 from nereus.errors import NereusError
 from nereus.runtime.failures.relaunch import SHRINK_FAILED
+from nereus.runtime.mpi.frames import allgather
 
 SHRINK_ATTEMPTS = 5
 
@@ -56,17 +57,15 @@ def ulfm_enabled(comm: Any) -> bool:
 
 def secondary(exc: BaseException) -> bool:
     """Whether ``exc`` looks like the consequence of a dead peer (an MPI error on the control
-    plane, a message garbled because its sender died while sending it — mpi4py then fails to
-    unpickle it —, a gloo connection error or timeout), not a fault of this rank's own code."""
-    import pickle
-
+    plane, a frame that is short, torn or not agreed because its sender died while sending it —
+    :class:`nereus.runtime.mpi.frames.FrameError`, a CommunicationError —, a gloo connection
+    error or timeout), not a fault of this rank's own code."""
     import torch.distributed as dist
     from mpi4py import MPI
 
     from nereus.errors import CommunicationError, TransitionError
 
-    if isinstance(exc, MPI.Exception | dist.DistError | CommunicationError | TransitionError
-                  | pickle.UnpicklingError):
+    if isinstance(exc, MPI.Exception | dist.DistError | CommunicationError | TransitionError):
         return True
     text = str(exc)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer",
@@ -89,7 +88,7 @@ def shrink(comm: Any, global_rank: int, world_gpus: tuple[int, ...]) -> Survivor
             last = exc
             continue
         try:
-            gpus = tuple(int(g) for g in new.allgather(global_rank))
+            gpus = tuple(int(g) for g in allgather(new, global_rank, "shrink"))
         except Exception as exc:  # another rank died during the shrink: shrink again
             last, comm = exc, new
             continue

@@ -6,7 +6,9 @@ merge the inter-communicator into one intra-communicator in which the old ranks 
 numbers (``Merge(high=False)``) and the new ones follow in order, so a GPU id stays the MPI rank.
 The torch.distributed default group cannot take new members: every rank then joins a fresh
 rendezvous generation on the merged communicator and the units of the next plan are built from
-the global state gathered before the spawn (the gather+reload path).
+the global state gathered before the spawn (the gather+reload path). Rank 0 hands the spawned
+ranks the target plan, the run's options, the state and the boundary in one framed message of
+plain data (:mod:`nereus.runtime.mpi.frames`); they read the job's setup from the same config.
 
 At the end of the job every link is released (the merged communicator freed, the
 inter-communicator disconnected, newest first); Open MPI crashes in ``MPI_Finalize`` otherwise.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.errors import CommunicationError, TransitionError
+from nereus.runtime.mpi.frames import bcast
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
@@ -116,8 +119,13 @@ def grow(comm: Any, units: Any, ft: Any, plan: ExecutionPlan, pool: Sequence[int
     first_new = max(ft.original) + 1
     original = tuple(ft.original) + tuple(range(first_new, first_new + len(new)))
     generation = ft.generation + 1
-    package = (ft.setup, ft.rc, plan.to_dict(), globs, counters, step + 1, generation, original)
-    merged.bcast(package if merged.Get_rank() == 0 else None, root=0)
+    package = None
+    if merged.Get_rank() == 0:  # plain data: the joiners read the same config themselves
+        package = {"nodes": ft.setup.cluster.nodes, "rc": ft.rc.to_dict(),
+                   "late_ranks": ft.rc.late_ranks, "plan": plan.to_dict(), "globs": globs,
+                   "counters": {ms: [vars(c), adam] for ms, (c, adam) in counters.items()},
+                   "step": step + 1, "generation": generation, "original": list(original)}
+    bcast(merged, package, 0, "growth")
     event = {"kind": "growth", "joined_ranks": new, "resume_step": step + 1,
              "gathered_bytes": sum(int(a.nbytes) for g in globs.values() for d in g.values()
                                    for a in d.values())}
@@ -127,11 +135,19 @@ def grow(comm: Any, units: Any, ft: Any, plan: ExecutionPlan, pool: Sequence[int
     return merged, inter
 
 
-def joined(comm: Any, ft: Any) -> None:
-    """A spawned rank: take the running job's state from rank 0 into ``ft.resume``."""
+def joined(comm: Any, ft: Any, setup: Setup) -> None:
+    """A spawned rank: take the running job's state from rank 0 into ``ft.resume``. ``setup``:
+    the job's setup as this rank read it from the config (the running job's may have another
+    node count)."""
+    from nereus.config.run import RunConfig
     from nereus.runtime.failures.recovery import Resume
+    from nereus.runtime.worker.state import Counters
 
-    setup, rc, plan_d, globs, counters, step, generation, original = comm.bcast(None, root=0)
-    ft.resume = Resume(setup, rc, ExecutionPlan.from_dict(plan_d), globs, counters, step,
-                       generation, event={"kind": "growth"}, t_detect=time.time())
-    ft.generation, ft.original = generation, original
+    p = bcast(comm, None, 0, "growth")
+    setup = replace(setup, cluster=replace(setup.cluster, nodes=int(p["nodes"])))
+    rc = replace(RunConfig.from_dict(p["rc"]), late_ranks=int(p["late_ranks"]))
+    counters = {ms: (Counters(**c), float(adam)) for ms, (c, adam) in p["counters"].items()}
+    ft.resume = Resume(setup, rc, ExecutionPlan.from_dict(p["plan"]), p["globs"], counters,
+                       int(p["step"]), int(p["generation"]), event={"kind": "growth"},
+                       t_detect=time.time())
+    ft.generation, ft.original = int(p["generation"]), tuple(int(g) for g in p["original"])

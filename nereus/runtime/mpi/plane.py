@@ -1,8 +1,10 @@
 """The MPI control plane: versioned plain-data messages between rank 0 and the workers.
 
 Rank 0 (the controller) broadcasts plans, transition DAGs and step commands; measurements are
-gathered back. Every message is a :class:`Message` of plain Python data (dicts, lists, numbers,
-strings) so that it pickles small and any rank can decode it. A failure on one rank is reported
+gathered back. Every message is a :class:`Message` of plain data (dicts, lists, numbers,
+strings) that travels framed (:mod:`nereus.runtime.mpi.frames`: JSON and raw array bytes over
+buffer-based MPI calls, length, version and checksum checked, the digest agreed by every rank
+before anyone acts on it): nothing received is unpickled. A failure on one rank is reported
 on every rank: :meth:`ControlPlane.agree` all-gathers each rank's outcome and raises the same
 :class:`~nereus.errors.CommunicationError` everywhere when any rank failed (no rank waits alone).
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nereus.errors import CommunicationError
+from nereus.runtime.mpi.frames import allgather, bcast
 
 PROTOCOL_VERSION = 1
 KINDS = ("plan", "dag", "step", "stop", "measure", "rendezvous", "state")
@@ -64,16 +67,21 @@ class ControlPlane:
     def is_root(self) -> bool:
         return self.global_rank == self.root
 
-    def broadcast(self, msg: Message | None) -> Message:
-        """Root sends ``msg``; every rank returns it. Non-root ranks pass None."""
+    def broadcast(self, msg: Message | None, kind: str) -> Message:
+        """Root sends ``msg``, a ``kind`` message; every rank returns it. Non-root ranks pass
+        None (and the kind they expect)."""
         if self.is_root:
             if msg is None:
                 raise ValueError("root must provide the message")
+            if msg.kind != kind:
+                raise ValueError(f"root sends a {msg.kind} message as {kind}")
             self._seq = msg.seq
             wire = msg.to_wire()
         else:
             wire = None
-        got = Message.from_wire(self.comm.bcast(wire, root=self.root))
+        got = Message.from_wire(bcast(self.comm, wire, self.root, kind))
+        if got.kind != kind:
+            raise CommunicationError(f"control plane: expected a {kind} message, got {got.kind}")
         if not self.is_root:
             if got.seq < self._seq:
                 raise CommunicationError(f"control plane: message {got.seq} after {self._seq}")
@@ -85,12 +93,13 @@ class ControlPlane:
 
     def gather(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
         """Every rank contributes ``payload``; the root gets the list in rank order."""
-        out = self.comm.gather(payload, root=self.root)
-        return list(out) if out is not None else None
+        out = allgather(self.comm, payload, "measure")  # small: every rank checks every part
+        return out if self.is_root else None
 
     def agree(self, ok: bool, error: str = "") -> None:
         """Collective outcome check: raises on every rank if any rank failed."""
-        outcomes = [RankOutcome(*o) for o in self.comm.allgather((self.global_rank, ok, error))]
+        outcomes = [RankOutcome(int(o[0]), bool(o[1]), str(o[2]))
+                    for o in allgather(self.comm, [self.global_rank, ok, error], "agree")]
         failed = [o for o in outcomes if not o.ok]
         if failed:
             first = failed[0]

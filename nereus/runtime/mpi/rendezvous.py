@@ -58,7 +58,7 @@ def rendezvous(
             plane.next_seq(),
             {"address": addr, "port": free_port(addr), "generation": generation},
         )
-    got = plane.broadcast(msg)
+    got = plane.broadcast(msg, "rendezvous")
     info = RendezvousInfo(
         str(got.payload["address"]), int(got.payload["port"]), int(got.payload["generation"]),
         plane.world_size,

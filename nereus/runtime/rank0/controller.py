@@ -13,14 +13,14 @@ performs (gather the global state, reload into the new layout).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.control.controller import ControllerState, Decision, PlanEvaluation, controller_step
 from nereus.control.planner_port import SearchPort
 from nereus.control.signals import Observation
-from nereus.cost.calibration import default_calibration
+from nereus.cost.calibration import Calibration, default_calibration
 from nereus.cost.fit import Sample
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
@@ -141,6 +141,27 @@ class RankZeroController:
         self.fit_samples: list[Sample] = []
         self.transition_samples: list[Sample] = []
 
+    def to_dict(self) -> dict[str, Any]:
+        """The controller as plain data (its replica on the other ranks; DESIGN.md §2.1): the
+        policy, pinned layouts, calibration, controller state and pool."""
+        return {"adapt": self.adapt, "static": self.static,
+                "layouts": None if self.layouts is None else {
+                    k: list(v) for k, v in sorted(self.layouts.items())},
+                "calibration": self.calib.to_dict(), "state": self.state.to_dict(),
+                "pool": list(self.pool)}
+
+    @staticmethod
+    def from_dict(setup: Setup, d: Mapping[str, Any]) -> RankZeroController:
+        """Inverse of :meth:`to_dict` on ``setup``."""
+        ctl = RankZeroController(setup, bool(d["adapt"]), static=bool(d["static"]))
+        lay = d["layouts"]
+        ctl.layouts = None if lay is None else {str(k): (int(v[0]), int(v[1]))
+                                                for k, v in lay.items()}
+        ctl.calib = Calibration.from_dict(d["calibration"])
+        ctl.state = ControllerState.from_dict(d["state"])
+        ctl.set_pool(int(g) for g in d["pool"])
+        return ctl
+
     def port(self) -> CpuPort:
         return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts),
                        self.compilations)
@@ -154,7 +175,7 @@ class RankZeroController:
             self.layouts = {sp.name: (sp.tp, sp.pp) for sp in self.state.plan.stages}
         return self.state.plan, d
 
-    def set_pool(self, pool: Sequence[int]) -> None:
+    def set_pool(self, pool: Iterable[int]) -> None:
         self.pool = tuple(sorted(pool))
 
     def after_step(self, obs: Observation) -> Decision | None:

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from nereus.errors import CommunicationError
     from nereus.runtime.failures.recovery import FailureHandler
     from nereus.runtime.failures.ulfm import RankFailure, secondary
+    from nereus.runtime.mpi.frames import FrameError
     from nereus.runtime.mpi.growth import Grown, Links, join_parent, joined
     from nereus.runtime.mpi.plane import ControlPlane
 
@@ -87,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     comm = join_parent(links) or MPI.COMM_WORLD  # spawned for a late node: the merged job
     plane = ControlPlane(comm)
     ft = FailureHandler(comm, args.log)
-    if links.pairs:
-        joined(comm, ft)
     devices: list[Any] = []  # the RankDevice of each attempt: its communicators to abort
+    if links.pairs:  # the job's setup as the config gives it (see growth.joined)
+        joined(comm, ft, _configure(args, None)[2])
     while True:
         try:
             code = _run(args, comm, plane, ft, devices)
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             for dev in devices:  # no rank may keep waiting in a device communicator
                 dev.abort()
             devices.clear()
-            if isinstance(e, CommunicationError) and ft.units is None:  # agreed at start-up
+            if (isinstance(e, CommunicationError) and not isinstance(e, FrameError)
+                    and ft.units is None):  # agreed at start-up (a torn frame is not agreed)
                 return _agreed_error(plane, e)
             try:
                 survived = ft.survive(comm, plane.global_rank, e) if secondary(e) else None
@@ -154,18 +156,31 @@ def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
             fh.write(f"rank {rank}: {detail}\n")
 
 
-def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
-         devices: list[Any] | None = None) -> int:
-    import torch.distributed as dist
-
+def _configure(args: argparse.Namespace, detected: Any) -> tuple[Any, Any, Any]:
+    """(config, run options, setup) of the job, as every rank reads them (``detected``: the GPU
+    ``cluster.gpu: auto`` stands for, as rank 0 found it, or None)."""
     from nereus.config.load import load_config
     from nereus.config.run import parse_runtime
+
+    cfg = load_config(args.config, detect_gpu=None if detected is None else lambda: detected)
+    rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
+                              steps=args.steps, host_cores=args.host_cores)
+    return cfg, rc, setup
+
+
+def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
+         devices: list[Any] | None = None) -> int:
+    from dataclasses import asdict
+
+    import torch.distributed as dist
+
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import ConfigError, InfeasiblePlanError
     from nereus.rl.sample_order import SampleOrder
     from nereus.rl.task import PatternTask
     from nereus.runtime.execution.gather_reload import gather_state
     from nereus.runtime.execution.plan_change import change_plan
+    from nereus.runtime.mpi import frames
     from nereus.runtime.mpi.plane import Message
     from nereus.runtime.mpi.rendezvous import rendezvous
     from nereus.runtime.rank0.controller import RankZeroController
@@ -175,6 +190,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
     from nereus.runtime.worker.memory import account_for_run
     from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
     from nereus.runtime.worker.units import PlanUnits, initial_global
+    from nereus.spec.hardware import GpuSpec
     from nereus.spec.plan import ExecutionPlan
     from nereus.transition.order import PlanChangeOrder
 
@@ -190,12 +206,12 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
 
         return detected_gpu()
 
-    detected = comm.bcast(_agree(plane, detect), root=0)
+    found = _agree(plane, detect)
+    detected = frames.bcast(comm, None if found is None else asdict(found), 0, "gpu")
+    detected = None if detected is None else GpuSpec(**detected)
 
     def setup_all() -> Any:
-        cfg = load_config(args.config, detect_gpu=lambda: detected)
-        rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
-                                  steps=args.steps, host_cores=args.host_cores)
+        cfg, rc, setup = _configure(args, detected)
         require_vllm(rc.generation)
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
@@ -233,7 +249,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
     plan_d = _agree(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else
                                     first_plan().to_dict()) if plane.is_root else None)
     plan = ExecutionPlan.from_dict(plane.broadcast(
-        Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None
+        Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None, "plan"
     ).payload["plan"])
     if plane.is_root:
         recorder = _agree(plane, lambda: ft.resume.recorder if ft.resume else
@@ -286,7 +302,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
     while step < rc.steps:
         ft.boundary(units, step, version)
         plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
-                        if plane.is_root else None)
+                        if plane.is_root else None, "step")
         maybe_fail(step)
         ft.arm(rank, step, "step")
         t0 = time.perf_counter()
@@ -305,7 +321,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
             order = None if fail else rank_zero.boundary(step, gathered, units.plan)
             order_d = None if order is None else order.to_wire()
         msg = plane.broadcast(Message("plan", plane.next_seq(), {
-            "order": order_d, "redo": redo, "fail": fail}) if plane.is_root else None)
+            "order": order_d, "redo": redo, "fail": fail}) if plane.is_root else None, "plan")
         if msg.payload.get("fail"):  # the step ran out of device memory twice: end, one line
             from nereus.runtime.worker.memory import DeviceOutOfMemory
 
@@ -330,11 +346,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
                               worker_argv=sys.argv[1:]))
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
-        measured = comm.allreduce(time.perf_counter() - t1, op=_max_op())
+        measured = _max_over_ranks(comm, time.perf_counter() - t1)
         transports: dict[str, int] = {}  # the transfer groups of every rank, by transport
-        for got in comm.allgather(change.transports):
+        for got in frames.allgather(comm, change.transports, "transports"):
             for name, n in got.items():
-                transports[name] = transports.get(name, 0) + n
+                transports[name] = transports.get(name, 0) + int(n)
         if plane.is_root:
             assert recorder is not None and rank_zero is not None
             rank_zero.transition_done(order, measured, change.executor, change.bytes_moved)
@@ -381,6 +397,7 @@ def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
     from nereus.cluster.transport import RankPlacement
     from nereus.config.run import resolve_generation
     from nereus.runtime.execution.device import RankDevice
+    from nereus.runtime.mpi import frames
 
     def choose() -> Any:
         job = from_os_environ()
@@ -395,7 +412,8 @@ def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
         return choice, job.node_name or _hostname()
 
     choice, node = _agree(plane, choose)
-    placed = comm.allgather(RankPlacement.of(plane.global_rank, node, choice).to_dict())
+    placed = frames.allgather(comm, RankPlacement.of(plane.global_rank, node, choice).to_dict(),
+                              "placement")
     placements = tuple(RankPlacement.from_dict(p) for p in placed)
     dev = RankDevice(choice, placements, plane.global_rank)
 
@@ -406,7 +424,8 @@ def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
         return resolve_generation(rc.generation, on_gpu, on_gpu and
                                   vllm_unavailable_reason() is None, setup)
 
-    engine, why = comm.bcast(generation() if plane.is_root else None, root=0)
+    engine, why = frames.bcast(comm, list(generation()) if plane.is_root else None, 0,
+                               "generation")
     dev.generation_reason = why
     return dev, replace(rc, generation=engine)
 
@@ -427,10 +446,14 @@ def _devices_event(dev: Any, rc: Any) -> dict[str, Any]:
             "generation": rc.generation, "generation_reason": dev.generation_reason}
 
 
-def _max_op() -> Any:
+def _max_over_ranks(comm: Any, value: float) -> float:
+    """The largest ``value`` of all ranks (a buffer-based MPI_Allreduce: nothing pickled)."""
+    import numpy as np
     from mpi4py import MPI
 
-    return MPI.MAX
+    out = np.zeros(1)
+    comm.Allreduce(np.array([value], dtype=np.float64), out, op=MPI.MAX)
+    return float(out[0])
 
 
 if __name__ == "__main__":

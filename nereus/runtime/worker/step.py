@@ -5,8 +5,8 @@ off-policy, :func:`run_async_step`).
 Every rank runs this for every step with the same arguments. A model-stage runs on the ranks of
 its units; each DP replica takes its contiguous slice of the step's sequences (global order,
 ``replica_slice``), all tp ranks of a replica compute on the same inputs. After each phase the
-first rank of every replica contributes its slice to an MPI all-gather, so every rank holds the
-whole batch (tiny on CPU); batch-level math (rewards, GAE) is then identical on every rank and
+first rank of every replica contributes its slice to an MPI all-gather (framed plain data and
+array bytes, :mod:`nereus.runtime.mpi.frames`), so every rank holds the whole batch (tiny on CPU); batch-level math (rewards, GAE) is then identical on every rank and
 independent of the plan. Units of any tp×pp: forward passes go through
 :mod:`nereus.runtime.worker.train` (the CPU pipeline schedule); the last pp stage reports.
 """
@@ -28,6 +28,7 @@ from nereus.rl.grpo import kl_loss_sum, sequence_advantages
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
 from nereus.rl.sample_order import SampleOrder, replica_slice
 from nereus.rl.task import PAD, PatternTask, encode
+from nereus.runtime.mpi.frames import allgather
 from nereus.runtime.worker.gen_engines import actor_gen_engine
 from nereus.runtime.worker.memory import MemoryAccount, resident_bytes
 from nereus.runtime.worker.train import is_reporter, unit_forward_backward, unit_logits
@@ -56,7 +57,8 @@ def prompt_batch(inp: StepInputs, step: int) -> tuple[list[str], torch.Tensor]:
 
 
 def _exchange(comm: Any, contribution: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(comm.allgather(contribution))
+    """Every rank's contribution (plain data and numpy arrays), framed and agreed."""
+    return allgather(comm, contribution, "exchange")
 
 
 def _resident(units: PlanUnits) -> int:
