@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,8 +137,18 @@ def _open_swmr(path: str) -> Any:
 def _open(path: str) -> Any:
     import h5py
 
-    if not os.path.isfile(path):
-        raise LogFormatError(path, "no such file")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise LogFormatError(path, "no such file") from None
+    except OSError as exc:
+        raise LogFormatError(path, f"cannot read: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise LogFormatError(path, "is a directory, not a run log (name the .h5 file)")
+    if not stat.S_ISREG(mode):
+        from nereus.config.files import kind_of
+
+        raise LogFormatError(path, f"is {kind_of(mode)}, not a run log file")
     try:
         size = os.path.getsize(path)
         stored_eof = _stored_end_of_file(path)
