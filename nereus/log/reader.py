@@ -210,6 +210,20 @@ def _dataset(f: Any, name: str, dtype: np.dtype | None, path: str) -> Any:
     return obj
 
 
+def _stored_rows(ds: Any, path: str) -> int:
+    """Rows of ``ds`` whose bytes can be in the file. An extent may claim more — rows never
+    written read as fill values (uncommitted) — and a crafted one (10**9 rows in a 100 KB file)
+    must not make the reader allocate gigabytes: rows past the stored bytes, plus one chunk of
+    slack for a chunk being written, are not read."""
+    plist = ds.id.get_create_plist()
+    if plist.get_nfilters():
+        raise LogFormatError(path, f"dataset /{ds.name.lstrip('/')} is compressed or filtered "
+                             "(a run log never is)")
+    chunk = ds.chunks[0] if ds.chunks else ds.shape[0]
+    stored = int(ds.id.get_storage_size()) // max(1, ds.dtype.itemsize)
+    return int(min(ds.shape[0], stored + chunk))
+
+
 def _decode_table(
     table: S.Table, raw: np.ndarray, heap: np.ndarray, path: str
 ) -> tuple[dict[str, np.ndarray], int]:
@@ -227,7 +241,7 @@ def _decode_table(
                 continue
             try:
                 blobs[name][i] = json.loads(heap[offs[i] : end].tobytes().decode("utf-8"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 ok[i] = False
     bad = np.flatnonzero(~ok)
     keep = int(bad[0]) if bad.size else n
@@ -262,8 +276,8 @@ def read_run_log(path: str | os.PathLike[str]) -> RunLog:
         heap_ds = _dataset(f, S.HEAP, None, spath)
         # Tables first, then the heap: the writer appends JSON bytes before the rows naming them.
         try:
-            raws = {name: ds[()] for name, ds in datasets.items()}
-            heap = np.asarray(heap_ds[()], dtype=np.uint8)
+            raws = {name: ds[: _stored_rows(ds, spath)] for name, ds in datasets.items()}
+            heap = np.asarray(heap_ds[: _stored_rows(heap_ds, spath)], dtype=np.uint8)
         except Exception as exc:
             raise LogFormatError(spath, f"truncated or damaged data ({_first_line(exc)})") from None
     except LogFormatError:
