@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from slurm_watch_driver import on_survivors
 
-from launchers.commands import LaunchSpec, mpiexec_argv, on_survivors, srun_argv
+from launchers.commands import LaunchSpec, mpiexec_argv, srun_argv
 from launchers.sbatch import SbatchSpec, SubmitError, parse_job_id, sbatch_script, shell_word
 from launchers.submitit_entry import EntryCommandError, NereusEntry, resolve_callable
 from launchers.templates import render_templates

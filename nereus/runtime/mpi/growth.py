@@ -17,11 +17,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from nereus.errors import CommunicationError, TransitionError
-from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
 
@@ -67,13 +66,6 @@ def join_parent(links: Links) -> Any | None:
     merged = parent.Merge(high=True)
     links.pairs.append((merged, parent))
     return merged
-
-
-def grown_setup(setup: Setup, nodes: int) -> Setup:
-    """The setup once the cluster has ``nodes`` nodes (GPU ids of new nodes follow the old)."""
-    if nodes < setup.cluster.nodes:
-        raise ValueError(f"a grown cluster has {nodes} < {setup.cluster.nodes} nodes")
-    return replace(setup, cluster=replace(setup.cluster, nodes=nodes))
 
 
 def joiner_argv(worker_argv: Sequence[str]) -> list[str]:
