@@ -16,7 +16,7 @@ tuple (no I/O, deterministic). Notes verified with Slurm 22.05 on emulated nodes
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from launchers.flags import slurm_flags
 from nereus.errors import ConfigError
@@ -143,18 +143,3 @@ def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:
             argv += ["-envlist", ",".join(spec.forward_env)]
     return (*argv, *spec.argv)
 
-
-def on_survivors(spec: LaunchSpec, nodes: tuple[str, ...]) -> LaunchSpec:
-    """The same launch restricted to ``nodes`` (a relaunch inside a shrunken allocation).
-
-    Keeps ranks per node when known; otherwise keeps one rank per node.
-    """
-    if not nodes:
-        raise ConfigError("launch.nodelist", nodes, "a relaunch needs at least one node")
-    per_node = spec.ntasks_per_node
-    if per_node is None and spec.ntasks is not None:
-        base = spec.nodes or len(spec.nodelist) or None
-        per_node = spec.ntasks // base if base else None
-    ntasks = per_node * len(nodes) if per_node else len(nodes)
-    return replace(spec, nodelist=tuple(nodes), nodes=len(nodes), ntasks=ntasks,
-                   ntasks_per_node=per_node)

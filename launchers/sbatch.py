@@ -7,7 +7,8 @@ The script a ``SbatchSpec`` describes:
   an input variable; "set"/"on" work, "1" does not).
 - ``#SBATCH --signal=B:USR1@120``: Slurm sends SIGUSR1 to the batch shell 120 s before the time
   limit. The shell forwards it to the launcher (srun and mpiexec pass it on to every rank), waits
-  for the ranks to checkpoint and exit, then ``scontrol requeue``s the job (``--requeue``).
+  for the ranks to exit (a target that checkpoints on the signal does so first; ``nereus run``
+  does not, see slurm/README.md), then ``scontrol requeue``s the job (``--requeue``).
   SIGTERM (preemption, scancel) is forwarded as is.
 - the launcher runs in the background so the shell can take signals while it waits.
 """

@@ -8,7 +8,8 @@ next attempt runs the target again with ``resume_args`` appended (e.g. ``--resum
 
 A target is either a command line (run with subprocess; its stdout/stderr go to the job's) or
 ``"package.module:function"`` (imported and called with ``args``; its return value is the
-job's result). Until ``nereus run`` exists the tests use small real commands and callables.
+job's result). ``nereus run`` does not checkpoint on a signal and takes no ``--resume``: submit it
+with ``resume_args=()`` (slurm/README.md, *submitit*); the tests use small real commands that do.
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ class NereusEntry:
     def stop_child(self) -> int | None:
         """Ask a running command to checkpoint (signal, wait ``grace_s``, then kill).
 
-        Returns its exit status, or None when no command is running. ``nereus run`` is
-        expected to take SIGUSR1 and SIGUSR2 alike as "checkpoint and exit": on Slurm the
-        scheduler's signal reaches every process of the step, the child included.
+        Returns its exit status, or None when no command is running. A target that takes the
+        signal as "checkpoint and exit" can end cleanly within ``grace_s``; ``nereus run`` does
+        not checkpoint on a signal (slurm/README.md) and is killed when ``grace_s`` runs out.
         """
         proc, exited = self._proc, self._exited
         if proc is None or exited is None:

@@ -6,7 +6,25 @@ print it as a single line and exit with status 2.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
+
+# How much of a bad value an error line shows: a value that came from a hostile input (a huge
+# list, a long string, an integer of thousands of digits) must not make the line itself huge.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = 300
+_SHOWN.maxother = 300
+_SHOWN.maxlong = 60
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
+_SHOWN.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, shortened to at most a few hundred characters (never raises)."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # e.g. an int too long for str(); a repr that fails
+        return f"<{type(value).__name__}>"
 
 
 class NereusError(Exception):
@@ -20,7 +38,7 @@ class ConfigError(NereusError):
         self.field = field
         self.value = value
         self.rule = rule
-        super().__init__(f"{field}={value!r}: {rule}")
+        super().__init__(f"{field}={shown(value)}: {rule}")
 
 
 class InfeasiblePlanError(NereusError):

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
-from nereus.errors import ConfigError
+from nereus.config import fields
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,10 +33,8 @@ def handle(args: argparse.Namespace) -> int:
     from nereus.cluster.probe import describe_facts, detected_gpu, device_facts
     from nereus.runtime.execution.packer import describe_pack_path
 
-    if args.virtual_devices < 1:
-        raise ConfigError("--virtual-devices", args.virtual_devices, "must be at least 1")
-    if not math.isfinite(args.virtual_memory_gb) or args.virtual_memory_gb <= 0:
-        raise ConfigError("--virtual-memory-gb", args.virtual_memory_gb, "must be positive")
+    fields.positive_int("--virtual-devices", args.virtual_devices, "MAX_GPUS_PER_NODE")
+    fields.positive_float("--virtual-memory-gb", args.virtual_memory_gb, "MAX_MEMORY_GB")
     # Under Slurm the node name (emulated nodes share one host name) comes from the job env.
     job = from_os_environ()
     inv = node_inventory(node=job.node_name, virtual_count=args.virtual_devices,

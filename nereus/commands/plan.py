@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from nereus.config import limits
 from nereus.config.cluster import GPU_OVERRIDES
 from nereus.errors import ConfigError, InfeasiblePlanError
 
@@ -91,6 +92,9 @@ def apply_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     if args.gpus_per_node is not None:
         cluster["gpus_per_node"] = args.gpus_per_node
     if args.gpus is not None:
+        if args.gpus > limits.MAX_GPUS:
+            raise ConfigError("--gpus", args.gpus,
+                              f"must be at most {limits.named('MAX_GPUS', limits.MAX_GPUS)}")
         per_node = cluster.get("gpus_per_node", 8)
         if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0:
             if args.gpus <= 0 or (args.gpus > per_node and args.gpus % per_node):
@@ -111,9 +115,11 @@ def plan_pool(args: argparse.Namespace, setup: Any) -> tuple[int, ...] | None:
 
 
 def _flag_error(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
-    """The same error named after the flag, when a flag set the field."""
+    """The same error named after the flag, when a flag given on the command line set the field
+    (a field the config lacks is the config's error, not that of a flag never given)."""
     flag = FLAG_OF_FIELD.get(exc.field)
-    if flag is not None and getattr(args, FLAG_DEST[flag]) == exc.value:
+    given = None if flag is None else getattr(args, FLAG_DEST[flag])
+    if flag is not None and given is not None and given == exc.value:
         return ConfigError(flag, exc.value, exc.rule)
     return exc
 

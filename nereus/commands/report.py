@@ -17,7 +17,8 @@ def register(subparsers: Any) -> None:
         "writer) and write PNG plots: step latency, plan timeline, per-GPU memory, transitions.",
     )
     p.add_argument("log", metavar="LOG.h5", help="run log written by nereus run / simulate")
-    p.add_argument("--out", metavar="DIR", help="plot directory (default: LOG_report next to LOG)")
+    p.add_argument("--out", metavar="DIR", help="plot directory to create (default: LOG_report "
+                   "next to LOG); never over an existing path")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-plots", action="store_true", help="print the summary only")
     p.set_defaults(func=handler)
@@ -34,23 +35,38 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def handler(args: argparse.Namespace) -> int:
+def _write_plots(log: Any, folder: Any) -> list[str]:
+    """The four plots in the new folder ``folder`` (:class:`nereus.log.outputs.NewFolder`):
+    drawn in a temporary folder beside it, renamed when all are written."""
     from nereus.errors import ConfigError
+    from nereus.log.plots import write_plots
+
+    tmp = folder.start()
+    try:
+        written = write_plots(log, Path(tmp))
+        folder.publish()
+    except OSError as exc:
+        raise ConfigError(folder.field, folder.given,
+                          f"cannot be written ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        folder.discard()
+    return [str(Path(folder.path) / p.name) for p in written]
+
+
+def handler(args: argparse.Namespace) -> int:
+    from nereus.log.outputs import NewFolder
     from nereus.log.reader import read_run_log
     from nereus.log.summary import format_summary, summarize
 
-    log = read_run_log(args.log)
-    summary = summarize(log)
-    plots: list[str] = []
+    folder = None
     if not args.no_plots:
         log_path = Path(args.log)
-        out_dir = Path(args.out) if args.out else log_path.with_name(log_path.stem + "_report")
-        if out_dir.exists() and not out_dir.is_dir():
-            raise ConfigError("--out", str(out_dir), "exists and is not a directory")
-        from nereus.log.plots import write_plots
-
-        plots = [str(p) for p in write_plots(log, out_dir)]
-    summary["plots"] = plots
+        out = args.out if args.out else str(log_path.with_name(log_path.stem + "_report"))
+        folder = NewFolder(out, "--out")
+    log = read_run_log(args.log)
+    summary = summarize(log)
+    summary["plots"] = _write_plots(log, folder) if folder is not None else []
+    plots = summary["plots"]
     if args.json:
         print(json.dumps(_finite(summary), allow_nan=False, default=str))
     else:

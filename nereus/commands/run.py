@@ -22,7 +22,7 @@ import tempfile
 import time
 from typing import Any
 
-from nereus.errors import ConfigError, NereusError
+from nereus.errors import NereusError
 
 DEFAULT_TIMEOUT_S = 3600.0
 
@@ -48,12 +48,14 @@ def register(subparsers: Any) -> None:
 
 def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from nereus.cluster.probe import detected_gpu
+    from nereus.config import fields
     from nereus.config.load import load_config
     from nereus.config.run import parse_runtime
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import InfeasiblePlanError
     from nereus.runtime.rank0.controller import RankZeroController
 
+    fields.positive_float("--timeout-s", args.timeout_s, "MAX_TIMEOUT_S")
     cfg = load_config(args.config, detect_gpu=detected_gpu)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps, host_cores=getattr(args, "host_cores", 0))
@@ -65,14 +67,12 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
         reason = d.admission.reason if d.admission else "no plan"
         raise InfeasiblePlanError(f"no plan of {args.config} fits {rc.ranks} ranks of "
                                   f"{setup.cluster.gpu.memory_bytes / 1e9:g} GB: {reason}")
+    from nereus.log.outputs import check_new_path
+    from nereus.log.writer import check_space
+
     log = args.log or f"nereus-run-{time.strftime('%Y%m%d-%H%M%S')}.h5"
-    if os.path.exists(log):
-        raise ConfigError("--log", log, "exists; a run log is never overwritten")
-    parent = os.path.dirname(os.path.abspath(log))
-    if not os.path.isdir(parent):
-        raise ConfigError("--log", log, "its directory does not exist")
-    if args.timeout_s <= 0:
-        raise ConfigError("--timeout-s", args.timeout_s, "must be > 0")
+    check_new_path(log, "--log")  # rank 0 creates it (in place: readable while it grows)
+    check_space(log)
     return rc, setup, log
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -42,16 +41,15 @@ def _progress(enabled: bool) -> Any:
 
 def load_gpu_trace(path: str, gpus_per_trace_node: int, max_gpus: int, fault_nodes: int,
                    time_scale: float = 1.0) -> Any:
-    from nereus.sim.traces import load_fault_trace, load_spot_trace
+    """A fault trace (a JSON list of events) or a spot trace (an object)."""
+    from pathlib import Path
 
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(64).lstrip()
-    except OSError as exc:
-        raise ConfigError("--gpu-trace", path, f"must be a readable file ({exc.strerror})") from None
-    if head.startswith(b"["):
-        return load_fault_trace(path, fault_nodes, gpus_per_trace_node, time_scale)
-    return load_spot_trace(path, gpus_per_trace_node, max_gpus, time_scale)
+    from nereus.sim.traces import fault_trace, read_trace_json, spot_trace
+
+    doc = read_trace_json(path, "--gpu-trace")
+    if isinstance(doc, list):
+        return fault_trace(doc, Path(path), fault_nodes, gpus_per_trace_node, time_scale)
+    return spot_trace(doc, Path(path), gpus_per_trace_node, max_gpus, time_scale)
 
 
 def load_truth(spec: str, noise: float, seed: int, gpu: Any) -> tuple[Any, Any]:
@@ -113,18 +111,40 @@ def write_log(writer: Any, result: Any) -> None:
     writer.flush()
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The numeric flags in range (finite, not huge; :mod:`nereus.config.limits`)."""
+    from nereus.config import fields as f
+
+    f.positive_int("--steps", args.steps, "MAX_SIM_STEPS")
+    f.non_negative_float("--gamma", args.gamma)
+    f.positive_int("--every-k", args.every_k, "MAX_SIM_STEPS")
+    f.positive_int("--gpus-per-trace-node", args.gpus_per_trace_node, "MAX_GPUS_PER_NODE")
+    if args.max_gpus is not None:
+        f.positive_int("--max-gpus", args.max_gpus, "MAX_GPUS")
+    f.non_negative_int("--seed", args.seed, "MAX_SEED")
+    f.fraction("--noise", args.noise, closed_low=True, closed_high=True)
+
+
+def _outputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The --log and --save-calibration files, checked before anything runs."""
+    from nereus.log.outputs import NewFile, check_distinct
+
+    log = NewFile(args.log, "--log") if args.log else None
+    calib = NewFile(args.save_calibration, "--save-calibration") if args.save_calibration else None
+    check_distinct([o for o in (log, calib) if o is not None])
+    return log, calib
+
+
 def _handler(args: argparse.Namespace) -> int:
     from nereus.commands.plan import build_setup
     from nereus.cost.calibration import default_calibration
     from nereus.sim.engine import SimConfig, simulate
     from nereus.sim.truth import conservative_calibration
 
-    if args.gpus_per_trace_node <= 0:
-        raise ConfigError("--gpus-per-trace-node", args.gpus_per_trace_node, "must be a positive integer")
+    check_flags(args)
     setup = build_setup(args)
     max_gpus = args.max_gpus if args.max_gpus is not None else setup.cluster.num_gpus
-    if max_gpus <= 0:
-        raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
+    log_out, calib_out = _outputs(args)
     trace = load_gpu_trace(args.gpu_trace, args.gpus_per_trace_node, max_gpus, setup.cluster.nodes,
                            args.trace_time_scale)
     cfg = SimConfig(steps=args.steps, policy=args.policy, gamma=args.gamma, every_k=args.every_k,
@@ -143,21 +163,8 @@ def _handler(args: argparse.Namespace) -> int:
         start = load_calibration(args.calibration)
     else:
         start = conservative_calibration(gpu.name) if args.conservative_start else default_calibration()
-    if args.log and os.path.exists(args.log):
-        raise ConfigError("--log", args.log, "exists; a run log is never overwritten — pick a new file")
     result = simulate(setup, trace, lengths, cfg, truth, start, progress=_progress(not args.json))
-    if args.save_calibration:
-        from nereus.log.calibration_store import save_calibration
-
-        save_calibration(args.save_calibration, result.final_calibration)
-    if args.log:
-        from nereus.log.writer import RunLogWriter
-
-        meta = {"kind": "simulation", "policy": cfg.policy, "steps": cfg.steps, "seed": cfg.seed,
-                "gpu_trace": args.gpu_trace, "length_trace": args.length_trace}
-        first = result.records[0].plan_dict
-        with RunLogWriter(args.log, meta, {"argv": sys.argv[1:]}, initial_plan=first) as writer:
-            write_log(writer, result)
+    _write_outputs(args, cfg, result, log_out, calib_out)
     if args.json:
         print(json.dumps(result.summary()))
         return 0
@@ -171,6 +178,34 @@ def _handler(args: argparse.Namespace) -> int:
             print(f"  step {r.step:5d}  {r.pool_gpus:4d} GPUs  len {r.gen_len:7.1f}  "
                   f"{r.event:10s} {r.transition_s:8.2f} s  {r.plan}")
     return 0
+
+
+def _write_outputs(args: argparse.Namespace, cfg: Any, result: Any, log_out: Any,
+                   calib_out: Any) -> None:
+    """The run log and the calibration, both complete or neither (nereus.log.outputs)."""
+    from nereus.log.outputs import publish_all
+
+    outs = [o for o in (log_out, calib_out) if o is not None]
+    try:
+        if log_out is not None:
+            from nereus.log.writer import RunLogWriter
+
+            meta = {"kind": "simulation", "policy": cfg.policy, "steps": cfg.steps,
+                    "seed": cfg.seed, "gpu_trace": args.gpu_trace,
+                    "length_trace": args.length_trace}
+            first = result.records[0].plan_dict
+            with RunLogWriter(log_out.path, meta, {"argv": sys.argv[1:]}, initial_plan=first,
+                              memory=True) as writer:
+                write_log(writer, result)
+            log_out.write(writer.image())
+        if calib_out is not None:
+            from nereus.log.calibration_store import calibration_json
+
+            calib_out.write(calibration_json(result.final_calibration))
+        publish_all(outs)
+    finally:
+        for out in outs:
+            out.discard()
 
 
 def register(subparsers: Any) -> None:

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from nereus.config import fields as f
+from nereus.config import limits
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GPU_PRESETS, ClusterSpec, GpuSpec
 
@@ -51,10 +52,16 @@ def parse_cluster(raw: Any, path: str = "cluster", detected_gpu: GpuSpec | None 
                   ) -> ClusterSpec:
     """A ClusterSpec; ``gpu`` is required, the override fields replace the preset's values."""
     raw = f.mapping(path, raw, CLUSTER_KEYS)
-    nodes = f.positive_int(f.join(path, "nodes"), raw.get("nodes", DEFAULT_NODES))
+    nodes = f.positive_int(f.join(path, "nodes"), raw.get("nodes", DEFAULT_NODES), "MAX_GPUS")
     per_node = f.positive_int(
-        f.join(path, "gpus_per_node"), raw.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
+        f.join(path, "gpus_per_node"), raw.get("gpus_per_node", DEFAULT_GPUS_PER_NODE),
+        "MAX_GPUS_PER_NODE",
     )
+    if nodes * per_node > limits.MAX_GPUS:
+        raise ConfigError(
+            f.join(path, "nodes"), nodes, f"nodes × gpus_per_node = {nodes * per_node:,} GPUs; "
+            f"at most {limits.named('MAX_GPUS', limits.MAX_GPUS)}",
+        )
     if "gpu" not in raw:
         raise ConfigError(
             f.join(path, "gpu"), None,
@@ -69,7 +76,7 @@ def parse_cluster(raw: Any, path: str = "cluster", detected_gpu: GpuSpec | None 
         if key == "comm_setup_s":
             changes[spec_field] = f.non_negative_float(at, raw[key])
         elif spec_field == "memory_bytes":
-            memory_bytes = round(f.positive_float(at, raw[key]) * factor)
+            memory_bytes = round(f.positive_float(at, raw[key], "MAX_MEMORY_GB") * factor)
             if memory_bytes < 1:
                 raise ConfigError(at, raw[key], "must be at least one byte (1e-9 GB)")
             changes[spec_field] = memory_bytes

@@ -100,7 +100,8 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
         if at >= steps:
             raise ConfigError(f.join(kp, "at_step"), at, f"must be < steps={steps}")
         phase = f.choice(f.join(kp, "phase"), k.get("phase", "step"), PHASES)
-        after = f.non_negative_float(f.join(kp, "after_s"), k.get("after_s", 0.0))
+        after = f.non_negative_float(f.join(kp, "after_s"), k.get("after_s", 0.0),
+                                     "MAX_TIMEOUT_S")
         runtime = k.get("runtime", False)
         if not isinstance(runtime, bool):
             raise ConfigError(f.join(kp, "runtime"), runtime, "must be true or false")
@@ -111,8 +112,10 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
         raise ConfigError(f.join(path, "relaunch"), relaunch,
                           "needs checkpoint_every > 0 (a relaunch resumes from a checkpoint)")
     wait_s = f.non_negative_float(f.join(path, "relaunch_wait_s"),
-                                  raw.get("relaunch_wait_s", 60.0))
+                                  raw.get("relaunch_wait_s", 60.0), "MAX_TIMEOUT_S")
     retries = f.non_negative_int(f.join(path, "launch_retries"),
                                  raw.get("launch_retries", LAUNCH_RETRIES))
-    return FailureOptions(every, str(raw.get("checkpoint_dir", "")), str(raw.get("resume", "")),
+    return FailureOptions(every, f.path(f.join(path, "checkpoint_dir"),
+                                        raw.get("checkpoint_dir", "")),
+                          f.path(f.join(path, "resume"), raw.get("resume", "")),
                           tuple(kills), relaunch, wait_s, retries)

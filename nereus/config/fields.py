@@ -1,4 +1,10 @@
-"""Typed checks of raw YAML values at a dotted field path; every failure is a ``ConfigError``."""
+"""Typed checks of raw YAML values (and command-line flags) at a dotted field path; every failure
+is a ``ConfigError``.
+
+Numbers are bounded: NaN and infinities are refused, and so is a value above its limit
+(:mod:`nereus.config.limits`, named by ``limit``; ``MAX_INT`` / ``MAX_NUMBER`` unless a field
+names a tighter one), so that a huge value is refused here rather than overflowing later.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from nereus.config import limits
 from nereus.errors import ConfigError
 
 
@@ -36,37 +43,53 @@ def unknown_rule(what: str, given: str, allowed: Iterable[str]) -> str:
     return f"unknown {what}; {hint}allowed: {', '.join(names)}"
 
 
-def positive_int(path: str, value: Any) -> int:
+def _at_most(path: str, value: Any, number: float, limit: str) -> None:
+    maximum = getattr(limits, limit)
+    if number > maximum:
+        raise ConfigError(path, value, f"must be at most {limits.named(limit, maximum)}")
+
+
+def positive_int(path: str, value: Any, limit: str = "MAX_INT") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(path, value, "must be a positive integer")
+    _at_most(path, value, value, limit)
     return value
 
 
-def non_negative_int(path: str, value: Any) -> int:
+def non_negative_int(path: str, value: Any, limit: str = "MAX_INT") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(path, value, "must be a non-negative integer")
+    _at_most(path, value, value, limit)
     return value
 
 
 def _number(path: str, value: Any, rule: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, value, rule)
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond every float
+        raise ConfigError(path, value, rule) from None
+    if not math.isfinite(number):
+        raise ConfigError(path, value, f"{rule} (finite)")
+    return number
 
 
-def positive_float(path: str, value: Any) -> float:
+def positive_float(path: str, value: Any, limit: str = "MAX_NUMBER") -> float:
     rule = "must be a positive number"
     number = _number(path, value, rule)
     if number <= 0:
         raise ConfigError(path, value, rule)
+    _at_most(path, value, number, limit)
     return number
 
 
-def non_negative_float(path: str, value: Any) -> float:
+def non_negative_float(path: str, value: Any, limit: str = "MAX_NUMBER") -> float:
     rule = "must be a number ≥ 0"
     number = _number(path, value, rule)
     if number < 0:
         raise ConfigError(path, value, rule)
+    _at_most(path, value, number, limit)
     return number
 
 
@@ -91,6 +114,13 @@ def choice(path: str, value: Any, allowed: Iterable[str]) -> str:
     names = tuple(allowed)
     if not isinstance(value, str) or value not in names:
         raise ConfigError(path, value, f"must be one of {', '.join(names)}")
+    return value
+
+
+def path(path: str, value: Any) -> str:
+    """A file or directory path, as a string ("" stands for "not given")."""
+    if not isinstance(value, str) or "\0" in value:
+        raise ConfigError(path, value, "must be a file path (a string without NUL)")
     return value
 
 

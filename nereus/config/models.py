@@ -42,6 +42,8 @@ def _arch_value(path: str, key: str, value: Any) -> Any:
         return f.boolean(path, value)
     if key == "head_dim":
         return f.non_negative_int(path, value)
+    if key == "max_seq_len":
+        return f.positive_int(path, value, "MAX_TOKENS")
     return f.positive_int(path, value)
 
 

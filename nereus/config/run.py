@@ -193,7 +193,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     cl = setup.cluster
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
     where = "--ranks" if ranks is not None else "runtime.ranks"
-    n = f.positive_int(where, n)
+    n = f.positive_int(where, n, "MAX_RANKS")
     if n < 1:
         raise ConfigError(where, n, "must be at least 1 (rank 0 controls and works; see docs)")
     if n <= cl.gpus_per_node:
@@ -205,7 +205,8 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         cluster = ClusterSpec(n // cl.gpus_per_node, cl.gpus_per_node, cl.gpu)
     mem_gb = 0.0
     if "memory_per_rank_gb" in raw:
-        mem_gb = f.positive_float("runtime.memory_per_rank_gb", raw["memory_per_rank_gb"])
+        mem_gb = f.positive_float("runtime.memory_per_rank_gb", raw["memory_per_rank_gb"],
+                                  "MAX_MEMORY_GB")
         cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)))
     if cluster.gpu.vendor == "cpu" and host_cores > 0:
         cluster = replace(cluster, host_cores=host_cores, hosts=1)
@@ -215,10 +216,11 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     setup = replace(setup, cluster=cluster, job=replace(setup.job, space=RUNTIME_PLAN_SPACE,
                                                         static_batches=True))
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
-                             steps if steps is not None else raw.get("steps", RunConfig.steps))
+                             steps if steps is not None else raw.get("steps", RunConfig.steps),
+                             "MAX_STEPS")
     # Events are checked against the config's own steps and cluster; a run made shorter or
     # smaller from the command line (--steps, --ranks) drops those that no longer happen in it.
-    own_steps = f.positive_int("runtime.steps", raw.get("steps", n_steps))
+    own_steps = f.positive_int("runtime.steps", raw.get("steps", n_steps), "MAX_STEPS")
     own_nodes = cluster.nodes if ranks is None else max(cluster.nodes, cl.nodes)
     checked = tuple(_event(f"runtime.events[{i}]", e, max(own_steps, n_steps), own_nodes)
                     for i, e in enumerate(_list("runtime.events", raw.get("events", []))))
@@ -229,7 +231,8 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                                     raw.get("force_transitions", []))))
         if t.at_step < n_steps - 1)
     max_new = f.positive_int("runtime.max_new_tokens",
-                             raw.get("max_new_tokens", setup.job.gen_len_p95 or setup.job.gen_len))
+                             raw.get("max_new_tokens", setup.job.gen_len_p95 or setup.job.gen_len),
+                             "MAX_TOKENS")
     longest = setup.job.prompt_len + max_new
     for role, spec in setup.job.models:
         if longest > spec.max_seq_len:
@@ -247,7 +250,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                               f"node {e.node} is a late node (late_nodes={late}): add it first")
     rc = RunConfig(
         ranks=n, steps=n_steps,
-        seed=f.non_negative_int("runtime.seed", raw.get("seed", 0)),
+        seed=f.non_negative_int("runtime.seed", raw.get("seed", 0), "MAX_SEED"),
         max_new_tokens=max_new,
         temperature=f.positive_float("runtime.temperature", raw.get("temperature", 1.0)),
         lr=f.positive_float("runtime.lr", raw.get("lr", RunConfig.lr)),
@@ -256,9 +259,10 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         gae_lambda=f.fraction("runtime.gae_lambda", raw.get("gae_lambda", RunConfig.gae_lambda),
                               closed_low=True, closed_high=True),
         adapt=f.boolean("runtime.adapt", raw.get("adapt", True)),
-        timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s)),
+        timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s),
+                                   "MAX_TIMEOUT_S"),
         events=events, force_transitions=forced,
-        save_state=str(raw.get("save_state", "")),
+        save_state=f.path("runtime.save_state", raw.get("save_state", "")),
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
         memory_per_rank_gb=mem_gb,
         reward=_reward(raw.get("reward", "task"), setup.job.reward_model),
@@ -316,7 +320,8 @@ def _capacity_drop(raw: Any, steps: int, capacity_gb: float) -> tuple[int, float
     at = f.non_negative_int(f.join(path, "at_step"), raw.get("at_step"))
     if at >= steps:
         raise ConfigError(f.join(path, "at_step"), at, f"must be < steps={steps}")
-    gb = f.positive_float(f.join(path, "memory_per_rank_gb"), raw.get("memory_per_rank_gb"))
+    gb = f.positive_float(f.join(path, "memory_per_rank_gb"), raw.get("memory_per_rank_gb"),
+                          "MAX_MEMORY_GB")
     if gb >= capacity_gb:
         raise ConfigError(f.join(path, "memory_per_rank_gb"), gb,
                           f"must be below the capacity per rank ({capacity_gb:g} GB)")

@@ -1,4 +1,5 @@
-"""Calibration persisted as JSON: written atomically, read back with one-line errors.
+"""Calibration persisted as JSON: written as a new file (never over one, never half-written),
+read back with one-line errors.
 
 A run (or a simulation) saves what it learned — efficiency per (hardware, op class), memory
 factor per model-stage — so a later run or ``nereus plan --calibration FILE`` starts from it.
@@ -8,61 +9,63 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
+import stat
 from typing import Any
 
+from nereus.config.files import parse_json, read_text
 from nereus.cost.calibration import Calibration
 from nereus.errors import ConfigError
+from nereus.log.outputs import NewFile
 
 FORMAT = "nereus-calibration"
 VERSION = 1
 
 
-def save_calibration(path: str | os.PathLike[str], calib: Calibration) -> None:
-    """Write ``calib`` to ``path`` via a temporary file and a rename: never half-written."""
-    p = Path(path)
+def calibration_json(calib: Calibration) -> bytes:
+    """The file's content for ``calib``."""
     doc = {"format": FORMAT, "version": VERSION, **calib.to_dict()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=str(p.parent or "."))
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def save_calibration(path: str | os.PathLike[str], calib: Calibration,
+                     field: str = "--save-calibration") -> None:
+    """Write ``calib`` to the new file ``path`` (:class:`~nereus.log.outputs.NewFile`: never
+    over anything, never half-written)."""
+    out = NewFile(os.fspath(path), field)
+    out.write(calibration_json(calib))
+    out.publish()
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
+def _hdf5_file(path: str) -> bool:
+    """Whether ``path`` is a regular file that starts like HDF5 (anything else — a FIFO, a
+    device, a missing path — is left to the JSON reader's one-line refusal; never opened here)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
     """A calibration file (JSON, :func:`save_calibration`) or a run log (HDF5: what the run had
     learned at its last step, :func:`calibration_from_log`)."""
-    p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            head = fh.read(len(HDF5_SIGNATURE))
-    except OSError:
-        head = b""
-    if head == HDF5_SIGNATURE:
+    p = os.fspath(path)
+    if _hdf5_file(p):
         from nereus.log.reader import LogFormatError, read_run_log
 
         try:
             return calibration_from_log(read_run_log(p))
         except LogFormatError as exc:
-            raise ConfigError("--calibration", str(p), f"not a readable run log ({exc})") from None
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("--calibration", str(p), f"must be a readable JSON file ({exc.__class__.__name__})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("--calibration", str(p), f"not valid JSON at line {exc.lineno}: {exc.msg}") from None
+            raise ConfigError("--calibration", p, f"not a readable run log ({exc})") from None
+    doc = parse_json(read_text(p, "--calibration", "calibration file", "MAX_CALIBRATION_BYTES"),
+                     "--calibration", p)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ConfigError("--calibration", str(p), f'not a calibration file (needs "format": "{FORMAT}")')
+        raise ConfigError("--calibration", p, f'not a calibration file (needs "format": "{FORMAT}")')
     if doc.get("version") != VERSION:
         raise ConfigError("--calibration", doc.get("version"), f"calibration file version must be {VERSION}")
     body = {k: v for k, v in doc.items() if k not in ("format", "version")}

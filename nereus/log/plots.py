@@ -20,6 +20,7 @@ PLOT_FILES = ("step_latency.png", "plan_timeline.png", "gpu_memory.png", "transi
 _DPI = 100
 _MARGINS = {"left": 0.12, "right": 0.88, "bottom": 0.12, "top": 0.9, "wspace": 0.3}
 _MAX_MEMORY_LINES = 16  # more GPUs than this: a heat map instead of one line per GPU
+_MAX_HEAT_ROWS, _MAX_HEAT_COLUMNS = 1024, 2048  # cells of the heat map, at most
 
 
 def _empty(ax: Any, text: str) -> None:
@@ -92,6 +93,15 @@ def _stages(plan: Any) -> dict[str, dict[str, Any]]:
     return {str(s.get("name", "?")): s for s in plan["stages"] if isinstance(s, dict)}
 
 
+def _cells(values: np.ndarray, lo: int, hi: int, most: int) -> tuple[int, np.ndarray]:
+    """(cells, cell of each value): one cell per integer of [lo, hi], or ``most`` equal bins."""
+    span = hi - lo + 1
+    if span <= most:
+        return span, np.asarray(values, dtype=np.int64) - lo
+    frac = (np.asarray(values, dtype=float) - lo) / float(span)
+    return most, np.clip((frac * most).astype(np.int64), 0, most - 1)
+
+
 def _gpu_memory(plt: Any, log: RunLog) -> Any:
     fig, ax = plt.subplots(figsize=(8, 4))
     mem = log.tables["gpu_memory"]
@@ -108,11 +118,14 @@ def _gpu_memory(plt: Any, log: RunLog) -> Any:
         ax.legend(fontsize=7, ncol=2)
         ax.set_ylabel("peak memory (GiB)")
     else:
-        # one cell per (GPU id, step) over their full ranges: absent GPUs and steps stay blank
+        # one cell per (GPU id, step) over their full ranges: absent GPUs and steps stay blank;
+        # ranges wider than the image (a long run, sparse ids) share cells, the peak shown
         g0, g1 = int(gpus[0]), int(gpus[-1])
         s0, s1 = int(mem["step"].min()), int(mem["step"].max())
-        grid = np.full((g1 - g0 + 1, s1 - s0 + 1), np.nan)
-        np.fmax.at(grid, (mem["global_gpu"] - g0, mem["step"] - s0), gib)
+        rows, g_cell = _cells(mem["global_gpu"], g0, g1, _MAX_HEAT_ROWS)
+        cols, s_cell = _cells(mem["step"], s0, s1, _MAX_HEAT_COLUMNS)
+        grid = np.full((rows, cols), np.nan)
+        np.fmax.at(grid, (g_cell, s_cell), gib)
         extent = (s0 - 0.5, s1 + 0.5, g1 + 0.5, g0 - 0.5)
         im = ax.imshow(grid, aspect="auto", interpolation="nearest", extent=extent)
         fig.colorbar(im, ax=ax, label="peak memory (GiB)")

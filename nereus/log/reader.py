@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,8 +137,18 @@ def _open_swmr(path: str) -> Any:
 def _open(path: str) -> Any:
     import h5py
 
-    if not os.path.isfile(path):
-        raise LogFormatError(path, "no such file")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise LogFormatError(path, "no such file") from None
+    except OSError as exc:
+        raise LogFormatError(path, f"cannot read: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise LogFormatError(path, "is a directory, not a run log (name the .h5 file)")
+    if not stat.S_ISREG(mode):
+        from nereus.config.files import kind_of
+
+        raise LogFormatError(path, f"is {kind_of(mode)}, not a run log file")
     try:
         size = os.path.getsize(path)
         stored_eof = _stored_end_of_file(path)
@@ -199,6 +210,20 @@ def _dataset(f: Any, name: str, dtype: np.dtype | None, path: str) -> Any:
     return obj
 
 
+def _stored_rows(ds: Any, path: str) -> int:
+    """Rows of ``ds`` whose bytes can be in the file. An extent may claim more — rows never
+    written read as fill values (uncommitted) — and a crafted one (10**9 rows in a 100 KB file)
+    must not make the reader allocate gigabytes: rows past the stored bytes, plus one chunk of
+    slack for a chunk being written, are not read."""
+    plist = ds.id.get_create_plist()
+    if plist.get_nfilters():
+        raise LogFormatError(path, f"dataset /{ds.name.lstrip('/')} is compressed or filtered "
+                             "(a run log never is)")
+    chunk = ds.chunks[0] if ds.chunks else ds.shape[0]
+    stored = int(ds.id.get_storage_size()) // max(1, ds.dtype.itemsize)
+    return int(min(ds.shape[0], stored + chunk))
+
+
 def _decode_table(
     table: S.Table, raw: np.ndarray, heap: np.ndarray, path: str
 ) -> tuple[dict[str, np.ndarray], int]:
@@ -216,7 +241,7 @@ def _decode_table(
                 continue
             try:
                 blobs[name][i] = json.loads(heap[offs[i] : end].tobytes().decode("utf-8"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 ok[i] = False
     bad = np.flatnonzero(~ok)
     keep = int(bad[0]) if bad.size else n
@@ -252,10 +277,10 @@ def read_run_log(path: str | os.PathLike[str]) -> RunLog:
         heap_ds = _dataset(f, S.HEAP, None, spath)
         # Tables first, then the heap: the writer appends JSON bytes before the rows naming them.
         try:
-            raws = {name: ds[()] for name, ds in datasets.items()}
+            raws = {name: ds[: _stored_rows(ds, spath)] for name, ds in datasets.items()}
             for t in S.TABLES:  # tables newer than the log: empty
                 raws.setdefault(t.name, np.zeros(0, dtype=S.compound_dtype(t)))
-            heap = np.asarray(heap_ds[()], dtype=np.uint8)
+            heap = np.asarray(heap_ds[: _stored_rows(heap_ds, spath)], dtype=np.uint8)
         except Exception as exc:
             raise LogFormatError(spath, f"truncated or damaged data ({_first_line(exc)})") from None
     except LogFormatError:

@@ -4,10 +4,20 @@ Records are buffered in memory by the ``log_*`` methods and written by :meth:`Ru
 (which ``log_step`` calls by default, so every finished step is on disk before the next starts):
 JSON bytes first, then the table rows, then an HDF5 flush. A reader opening the file with
 ``swmr=True`` — while it is written, or after the writer was killed — sees every flushed row.
+
+A file system that fills up must not reach HDF5: once a write of its fails, the library can
+neither flush nor close that file, and the process dies at exit (a segmentation fault). So each
+flush first checks that the log's file system keeps ``MIN_FREE_BYTES`` free beyond what it
+writes, and otherwise stops logging with :class:`LogWriteError` — one line — and closes the file
+while that is still possible. A writer made with ``memory=True`` (``nereus simulate --log``)
+builds the file in memory; :meth:`RunLogWriter.image` gives its bytes, to be written as a new
+file (:mod:`nereus.log.outputs`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -21,8 +31,16 @@ import h5py
 import numpy as np
 
 from nereus import __version__
-from nereus.errors import ConfigError
+from nereus.errors import ConfigError, NereusError
 from nereus.log import schema as S
+
+# Free space a log's file system keeps beyond a flush's own bytes: HDF5's chunks (a table chunk,
+# the 64 KiB heap chunk) and metadata, and the run-end record that close writes.
+MIN_FREE_BYTES = 16 << 20
+
+
+class LogWriteError(NereusError):
+    """The run log cannot be written (its file system is full, read-only, or failing)."""
 
 
 def _json_default(obj: Any) -> Any:
@@ -50,6 +68,21 @@ def _name(field: str, value: str) -> bytes:
     return text.encode("ascii")
 
 
+def check_space(path: str | os.PathLike[str], nbytes: int = 0) -> None:
+    """LogWriteError unless the file system of the log ``path`` keeps ``MIN_FREE_BYTES`` free
+    beyond ``nbytes``."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return  # no answer: the write itself will tell
+    free = st.f_bavail * st.f_frsize
+    if free < nbytes + MIN_FREE_BYTES:
+        raise LogWriteError(
+            f"run log {os.fspath(path)}: its file system has {free / 1e6:.1f} MB free; logging "
+            f"needs {MIN_FREE_BYTES / 1e6:.0f} MB beyond what it writes (MIN_FREE_BYTES)"
+        )
+
+
 class RunLogWriter:
     """One run segment's log file. Use as a context manager, or call :meth:`close`."""
 
@@ -61,9 +94,11 @@ class RunLogWriter:
         *,
         initial_plan: Any = None,
         overwrite: bool = False,
+        memory: bool = False,
     ) -> None:
         self.path = Path(path)
-        if self.path.exists() and not overwrite:
+        self._buffer = io.BytesIO() if memory else None
+        if not memory and os.path.lexists(self.path) and not overwrite:
             raise ConfigError(
                 "log path",
                 str(self.path),
@@ -72,10 +107,14 @@ class RunLogWriter:
         meta_json = encode_json(dict(run_meta))
         config_json = encode_json(dict(config))
         plan_json = encode_json(initial_plan)
+        self._check_space(len(meta_json) + len(config_json) + len(plan_json))
+        target: Any = self._buffer if self._buffer is not None else self.path
         try:
-            self._file = h5py.File(self.path, "w" if overwrite else "x", libver=("v110", "v110"))
+            self._file = h5py.File(target, "w" if overwrite or memory else "x",
+                                   libver=("v110", "v110"))
         except (OSError, FileExistsError) as exc:
-            raise ConfigError("log path", str(self.path), f"cannot create: {exc}") from None
+            reason = getattr(exc, "strerror", None) or str(exc).split("(")[0].strip()
+            raise ConfigError("log path", str(self.path), f"cannot create: {reason}") from None
         try:
             f = self._file
             f.attrs[S.ATTR_FORMAT] = np.bytes_(S.FORMAT_NAME)
@@ -101,7 +140,8 @@ class RunLogWriter:
             f.swmr_mode = True
         except BaseException:
             self._file.close()
-            self.path.unlink(missing_ok=True)
+            if self._buffer is None:
+                self.path.unlink(missing_ok=True)
             raise
         self._heap_len = 0
         self._pending_heap: list[bytes] = []
@@ -111,7 +151,12 @@ class RunLogWriter:
         self._last_step = -1
         self._closed = False
         self.log_event(-1, "run-start", {"pid": os.getpid()})
-        self.flush()
+        try:
+            self.flush()
+        except LogWriteError:
+            if self._buffer is None:  # nothing was logged yet: leave no file behind
+                self.path.unlink(missing_ok=True)
+            raise
 
     # -- buffering ----------------------------------------------------------------------------
 
@@ -303,10 +348,42 @@ class RunLogWriter:
 
     # -- durability ---------------------------------------------------------------------------
 
+    def _check_space(self, nbytes: int) -> None:
+        if self._buffer is None:  # a log in memory: nothing to check
+            check_space(self.path, nbytes)
+
+    def _pending_bytes(self) -> int:
+        rows = sum(len(r) * self._tables[n].dtype.itemsize for n, r in self._pending_rows.items())
+        return self._pending_heap_len + rows
+
     def flush(self) -> None:
-        """Write every buffered record and flush the file: it then survives a kill -9."""
+        """Write every buffered record and flush the file: it then survives a kill -9.
+
+        A full or failing file system raises :class:`LogWriteError` and closes the file (the
+        rows flushed before stay readable); the writer is then closed."""
         if self._closed:
             return
+        try:
+            self._check_space(self._pending_bytes())
+            self._write_pending()
+        except LogWriteError:
+            self._abandon()
+            raise
+        except (OSError, RuntimeError) as exc:  # h5py's errors of a failed write
+            self._abandon()
+            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:160]
+            raise LogWriteError(f"run log {self.path}: cannot write ({reason})") from None
+
+    def _abandon(self) -> None:
+        """Stop logging: drop what is buffered and close the file if HDF5 still can."""
+        self._closed = True
+        for rows in self._pending_rows.values():
+            rows.clear()
+        self._pending_heap.clear()
+        with contextlib.suppress(Exception):  # a file whose write failed may not close
+            self._file.close()
+
+    def _write_pending(self) -> None:
         if self._pending_heap:
             raw = np.frombuffer(b"".join(self._pending_heap), dtype="u1")
             end = self._heap_len + raw.size
@@ -348,6 +425,12 @@ class RunLogWriter:
         self.flush()
         self._closed = True
         self._file.close()
+
+    def image(self) -> bytes:
+        """The bytes of a closed in-memory log (``memory=True``)."""
+        if self._buffer is None or not self._closed:
+            raise ValueError("image() is for a closed writer made with memory=True")
+        return self._buffer.getvalue()
 
     def __enter__(self) -> RunLogWriter:
         return self

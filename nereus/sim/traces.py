@@ -8,19 +8,21 @@ Formats:
 - length traces: CSV with header ``step,mean,p95`` (generated tokens per response).
 
 Every malformed input raises ConfigError naming the file, the field (or row), the value and the
-rule.
+rule. A trace is a regular file of at most ``MAX_TRACE_BYTES``; its numbers are bounded
+(:mod:`nereus.config.limits`: node counts by ``MAX_GPUS``, a spot tick by ``MAX_TICK_S``, a fault
+time by ``MAX_TRACE_DAYS``, steps by ``MAX_STEPS``, lengths by ``MAX_TOKENS``).
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nereus.config import files, limits
 from nereus.errors import ConfigError
 
 REBASE_LEAD_S = 60.0  # a rebased fault trace's first event, seconds into the run
@@ -73,15 +75,10 @@ class LengthTrace:
         return LengthPoint(step, pts[-1].mean, pts[-1].p95)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("trace", str(path), f"must be a readable text file ({exc.__class__.__name__})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}", f"line {exc.lineno}", f"not valid JSON: {exc.msg}") from None
+def read_trace_json(path: str | Path, field: str = "trace") -> Any:
+    """The parsed JSON of a trace file (a regular file of at most ``MAX_TRACE_BYTES``)."""
+    p = str(path)
+    return files.parse_json(files.read_text(p, field, "trace file", "MAX_TRACE_BYTES"), field, p)
 
 
 def load_spot_trace(
@@ -90,20 +87,27 @@ def load_spot_trace(
     """Available GPUs from a spot trace: nodes per tick × ``gpus_per_node``, capped at ``max_gpus``;
     tick times multiplied by ``time_scale`` (< 1 compresses the trace). The trace starts with the
     run."""
-    p = Path(path)
-    d = _read_json(p)
+    return spot_trace(read_trace_json(path), Path(path), gpus_per_node, max_gpus,
+                      time_scale)
+
+
+def spot_trace(d: Any, p: Path, gpus_per_node: int, max_gpus: int | None = None,
+               time_scale: float = 1.0) -> GpuTrace:
+    """:func:`load_spot_trace` of the already-parsed document ``d`` of file ``p``."""
     if not isinstance(d, dict) or "data" not in d or "metadata" not in d:
         raise ConfigError(f"{p}", type(d).__name__, 'must be an object with "metadata" and "data"')
     gap = d["metadata"].get("gap_seconds") if isinstance(d["metadata"], dict) else None
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
-        raise ConfigError(f"{p}: metadata.gap_seconds", gap, "must be a positive number")
+    if (isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap <= limits.MAX_TICK_S):
+        raise ConfigError(f"{p}: metadata.gap_seconds", gap, "must be a positive number of "
+                          f"seconds, at most {limits.named('MAX_TICK_S', limits.MAX_TICK_S)}")
     data = d["data"]
     if not isinstance(data, list) or not data:
         raise ConfigError(f"{p}: data", type(data).__name__, "must be a non-empty list")
     gpus = []
     for i, n in enumerate(data):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"{p}: data[{i}]", n, "must be a non-negative integer node count")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= limits.MAX_GPUS:
+            raise ConfigError(f"{p}: data[{i}]", n, "must be a non-negative integer node count, "
+                              f"at most {limits.named('MAX_GPUS', limits.MAX_GPUS)}")
         g = n * gpus_per_node
         gpus.append(min(g, max_gpus) if max_gpus is not None else g)
     _check_scale(time_scale)
@@ -130,9 +134,16 @@ def load_fault_trace(
     ``REBASE_LEAD_S`` after the run's start (on the full pool): the raw trace begins months into
     the cluster's life, far beyond any simulated run.
     """
+    return fault_trace(read_trace_json(path), Path(path), num_nodes, gpus_per_node,
+                       time_scale, rebase)
+
+
+def fault_trace(
+    d: Any, p: Path, num_nodes: int, gpus_per_node: int, time_scale: float = 1.0,
+    rebase: bool = True,
+) -> GpuTrace:
+    """:func:`load_fault_trace` of the already-parsed document ``d`` of file ``p``."""
     _check_scale(time_scale)
-    p = Path(path)
-    d = _read_json(p)
     if not isinstance(d, list):
         raise ConfigError(f"{p}", type(d).__name__, "must be a list of fault events")
     nodes: dict[str, int] = {}
@@ -144,8 +155,9 @@ def load_fault_trace(
             if key not in ev:
                 raise ConfigError(f"{p}: [{i}].{key}", None, "is required")
         t = ev["event_time"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0 or not math.isfinite(t):
-            raise ConfigError(f"{p}: [{i}].event_time", t, "must be a non-negative number of days")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= limits.MAX_TRACE_DAYS:
+            raise ConfigError(f"{p}: [{i}].event_time", t, "must be a non-negative number of days, "
+                              f"at most {limits.named('MAX_TRACE_DAYS', limits.MAX_TRACE_DAYS)}")
         kind = ev["event_type"]
         if kind not in ("fault_start", "fault_end"):
             raise ConfigError(f"{p}: [{i}].event_type", kind, "must be fault_start or fault_end")
@@ -160,12 +172,15 @@ def load_fault_trace(
     if rebase and events:
         t0 = events[0][0] - REBASE_LEAD_S
         events = [(t - t0, n, dlt) for t, n, dlt in events]
-    down: dict[int, int] = {}
+    down: dict[int, int] = {}  # node → open faults
+    n_down = 0  # nodes with at least one open fault
     times = [0.0]
     gpus = [num_nodes * gpus_per_node]
     for t_s, node, delta in events:
-        down[node] = max(0, down.get(node, 0) + delta)
-        avail = sum(1 for n in range(num_nodes) if down.get(n, 0) == 0)
+        before = down.get(node, 0)
+        down[node] = max(0, before + delta)
+        n_down += (down[node] > 0) - (before > 0)
+        avail = num_nodes - n_down
         if t_s == times[-1]:
             gpus[-1] = avail * gpus_per_node
         else:
@@ -176,11 +191,11 @@ def load_fault_trace(
 
 def load_length_trace(path: str | Path) -> LengthTrace:
     p = Path(path)
+    text = files.read_text(str(p), "length trace", "CSV file", "MAX_TRACE_BYTES")
     try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("length trace", str(p), f"must be a readable CSV file ({exc.__class__.__name__})") from None
-    rows = list(csv.reader(text.splitlines()))
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as exc:  # e.g. a field past csv's size limit, a NUL
+        raise ConfigError(f"{p}", "CSV", f"cannot be read as CSV ({exc})") from None
     if not rows or [c.strip() for c in rows[0]] != ["step", "mean", "p95"]:
         raise ConfigError(f"{p}: header", rows[0] if rows else "", "must be step,mean,p95")
     points: list[LengthPoint] = []
@@ -193,8 +208,10 @@ def load_length_trace(path: str | Path) -> LengthTrace:
             step, mean, p95 = int(row[0]), float(row[1]), float(row[2])
         except ValueError:
             raise ConfigError(f"{p}: line {line_no}", ",".join(row), "must be an integer step and two numbers") from None
-        if step < 0 or not (mean > 0 and math.isfinite(mean)) or not (p95 >= mean and math.isfinite(p95)):
-            raise ConfigError(f"{p}: line {line_no}", ",".join(row), "needs step >= 0, mean > 0, p95 >= mean")
+        if not (0 <= step <= limits.MAX_STEPS and 0 < mean <= p95 <= limits.MAX_TOKENS):
+            raise ConfigError(f"{p}: line {line_no}", ",".join(row), "needs 0 <= step <= "
+                              f"{limits.MAX_STEPS:,} (MAX_STEPS) and 0 < mean <= p95 <= "
+                              f"{limits.MAX_TOKENS:,} tokens (MAX_TOKENS)")
         if points and step <= points[-1].step:
             raise ConfigError(f"{p}: line {line_no}", step, "steps must increase")
         points.append(LengthPoint(step, mean, p95))

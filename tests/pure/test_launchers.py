@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from support.launch_cases import SCRIPT
 from support.paths import GOLDEN
+from support.slurm_watch_driver import on_survivors
 
-from launchers.commands import LaunchSpec, mpiexec_argv, on_survivors, srun_argv
+from launchers.commands import LaunchSpec, mpiexec_argv, srun_argv
 from launchers.sbatch import SbatchSpec, SubmitError, parse_job_id, sbatch_script, shell_word
 from launchers.submitit_entry import NereusEntry, resolve_callable
 from launchers.templates import render_templates

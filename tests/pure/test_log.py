@@ -153,7 +153,9 @@ def test_report_summary_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[
     for p in s["plots"]:
         data = Path(p).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 5000
-    assert cli_main(["report", str(path)]) == 0
+    assert cli_main(["report", str(path)]) == 2  # the plot folder exists: never overwritten
+    assert "--out=" in capsys.readouterr().err
+    assert cli_main(["report", str(path), "--no-plots"]) == 0
     text = capsys.readouterr().out
     assert "steps: 6 (step 0..5); mean 4.500 s, median 4.500 s" in text
     assert "urgent 1 admitted / 0 rejected" in text and "steps 3..5 (3): plan 1" in text

@@ -7,9 +7,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.loss_oracle import kl_to_reference, policy_loss, value_loss
 
 from nereus.rl.advantages import gae, grpo_advantages, remax_advantages
-from nereus.rl.losses import kl_to_reference, policy_loss, value_loss
+from nereus.rl.grpo import kl_loss_sum
+from nereus.rl.ppo import policy_loss_sum, value_loss_sum
 from nereus.rl.sample_order import SampleOrder, replica_slice
 from nereus.rl.task import EOS, SEP, VOCAB_SIZE, PatternTask, decode, encode
 
@@ -55,6 +57,8 @@ def test_grpo_and_remax_advantages() -> None:
 
 
 def test_losses() -> None:
+    """The oracle's textbook values, then the runtime's token sums equal to the oracle's means
+    times the token count (masked tokens excluded, clipping on both sides)."""
     mask = torch.tensor([[1, 1, 0]])
     lp = torch.tensor([[-1.0, -2.0, -3.0]])
     adv = torch.tensor([[1.0, -1.0, 100.0]])
@@ -65,6 +69,17 @@ def test_losses() -> None:
     assert float(value_loss(v, v, v, mask)) == 0.0
     assert float(kl_to_reference(lp, lp, mask)) == 0.0
     assert float(kl_to_reference(lp, lp - 0.5, mask)) > 0.0
+    g = torch.Generator().manual_seed(1)
+    logp, old, ref, a, values, old_v, ret = (torch.randn(4, 6, generator=g, dtype=torch.float64)
+                                             for _ in range(7))
+    m = (torch.rand(4, 6, generator=g) > 0.3).double()
+    n = float(m.sum())
+    assert float(policy_loss_sum(logp, old, a, m, 0.2)) == pytest.approx(
+        n * float(policy_loss(logp, old, a, m, 0.2)), rel=1e-12)
+    assert float(value_loss_sum(values, old_v, ret, m, 0.2)) == pytest.approx(
+        n * float(value_loss(values, old_v, ret, m, 0.2)), rel=1e-12)
+    assert float(kl_loss_sum(logp, ref, m)) == pytest.approx(
+        n * float(kl_to_reference(logp, ref, m)), rel=1e-12)
 
 
 def test_pattern_task_rewards_longer_correct_responses() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.loss_oracle import policy_loss as masked_policy_loss
 
 from nereus.config.load import load_config
 from nereus.config.run import RunConfig, parse_runtime
 from nereus.errors import ConfigError
-from nereus.rl.losses import policy_loss as masked_policy_loss
 from nereus.rl.ppo import policy_loss_sum, ppo_batch, token_rewards
 from nereus.runtime.worker.memory import MemoryAccount, module_state_bytes
 

@@ -108,5 +108,5 @@ def test_bad_fault_trace_and_missing_file(tmp_path: Path) -> None:
     p.write_text('[{"node_id": "a", "event_time": 1.0, "event_type": "crash"}]')
     with pytest.raises(ConfigError, match="event_type"):
         load_fault_trace(p, 4, 8)
-    with pytest.raises(ConfigError, match="readable"):
+    with pytest.raises(ConfigError, match="no such file"):
         load_spot_trace(tmp_path / "missing.json", 2)

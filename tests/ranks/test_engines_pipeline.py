@@ -48,11 +48,12 @@ def _batch(seed: int) -> tuple[Any, Any]:
 def _run_unit(rank: int, emu: Emu, seed: int, kv_ready: bool) -> Any:
     """Build ``emu`` (collective), then on its ranks: logits, one step in 4 microbatches."""
     import torch
+    from support.unit_training import train_step
 
     from nereus.engines.generation import enable_kv_cache, generate, sample_uniforms
     from nereus.runtime.execution.groups import unit_groups
     from nereus.runtime.worker.state import load_global, new_unit_state
-    from nereus.runtime.worker.train import is_reporter, link_of, train_step, unit_logits
+    from nereus.runtime.worker.train import is_reporter, link_of, unit_logits
 
     groups = unit_groups(emu, rank, 30.0)
     if groups is None:

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 from support.paths import SUPPORT
 from support.slurm_cluster import LocalSlurm, job_info, wait_for, wait_job
+from support.slurm_watch_driver import on_survivors
 
-from launchers.commands import LaunchSpec, on_survivors, srun_argv
+from launchers.commands import LaunchSpec, srun_argv
 from launchers.sbatch import SbatchSpec, sbatch_script, submit
 from launchers.submitit_entry import NereusEntry, submitit_parameters
 from nereus.cluster.env import JobEnvironment
@@ -294,11 +295,7 @@ def test_allocation_shrunk_by_scontrol(slurm_cluster: LocalSlurm, tmp_path: Path
 
 def test_cpu_template_runs_nereus_run(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """The committed slurm/cpu.sbatch itself, on the tiny CPU example (issue 7's "submit the
-    sbatch template and see the job finish"); skipped until `nereus run` is registered."""
-    from nereus.cli import COMMAND_MODULES
-
-    if "nereus.commands.run" not in COMMAND_MODULES:
-        pytest.skip("`nereus run` is not written yet (nereus.commands.run not registered)")
+    sbatch template and see the job finish")."""
     log = tmp_path / "run.h5"
     res = slurm_cluster.run(
         "sbatch", "--parsable", f"--output={tmp_path}/out.txt", "--time=00:05:00",

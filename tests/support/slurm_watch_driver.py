@@ -2,7 +2,8 @@
 
 It starts one srun step on all nodes, turns srun's stderr and the SlurmWatcher's polls into
 events (one JSON line each in ``events.jsonl``), and once a node was lost and the step ended it
-relaunches the step on the surviving pool with ``on_survivors``. Usage: ``driver.py WORKDIR``.
+relaunches the step on the surviving pool with :func:`on_survivors` (the step sized for the
+nodes left). Usage: ``driver.py WORKDIR``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from launchers.commands import LaunchSpec, on_survivors, srun_argv
+from launchers.commands import LaunchSpec, srun_argv
 from nereus.cluster.env import from_os_environ
 from nereus.cluster.slurm_watch import (
     NodesGained,
@@ -24,12 +25,29 @@ from nereus.cluster.slurm_watch import (
     SlurmWatcher,
     parse_srun_stderr_line,
 )
+from nereus.errors import ConfigError
 
 TASK = ("import os, pathlib, time; d = pathlib.Path({work!r}); "
         "(d / ('started.' + os.environ['SLURM_PROCID'])).touch(); "
         "t = time.monotonic()\n"
         "while not (d / 'release').exists() and time.monotonic() - t < 40: time.sleep(0.1)\n"
         "print('step1 done', os.environ['SLURM_PROCID'], os.environ['SLURMD_NODENAME'], flush=True)")
+
+
+def on_survivors(spec: LaunchSpec, nodes: tuple[str, ...]) -> LaunchSpec:
+    """The same launch restricted to ``nodes`` (a relaunch inside a shrunken allocation).
+
+    Keeps ranks per node when known; otherwise keeps one rank per node.
+    """
+    if not nodes:
+        raise ConfigError("launch.nodelist", nodes, "a relaunch needs at least one node")
+    per_node = spec.ntasks_per_node
+    if per_node is None and spec.ntasks is not None:
+        base = spec.nodes or len(spec.nodelist) or None
+        per_node = spec.ntasks // base if base else None
+    ntasks = per_node * len(nodes) if per_node else len(nodes)
+    return dataclasses.replace(spec, nodelist=tuple(nodes), nodes=len(nodes), ntasks=ntasks,
+                   ntasks_per_node=per_node)
 
 
 def main(work: Path) -> int:

@@ -41,10 +41,6 @@ class Survivors:
     lost: tuple[int, ...]  # original global ranks that died
     shrink_s: float
 
-    def torch_rank_of(self) -> dict[int, int]:
-        """GPU id → rank in the survivors' torch.distributed default group (= new MPI rank)."""
-        return {gpu: i for i, gpu in enumerate(self.gpus)}
-
 
 def ulfm_enabled(comm: Any) -> bool:
     """True when ``comm`` offers the ULFM calls (mpi4py ≥ 4) and Open MPI was started with

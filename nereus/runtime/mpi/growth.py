@@ -72,13 +72,6 @@ def join_parent(links: Links) -> Any | None:
     return merged
 
 
-def grown_setup(setup: Setup, nodes: int) -> Setup:
-    """The setup once the cluster has ``nodes`` nodes (GPU ids of new nodes follow the old)."""
-    if nodes < setup.cluster.nodes:
-        raise ValueError(f"a grown cluster has {nodes} < {setup.cluster.nodes} nodes")
-    return replace(setup, cluster=replace(setup.cluster, nodes=nodes))
-
-
 def joiner_argv(worker_argv: Sequence[str]) -> list[str]:
     """The command line of a joining rank: the same worker (it finds its parent job itself)."""
     return [sys.executable, "-m", "nereus.runtime.worker.main", *worker_argv]

@@ -13,13 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from nereus.engines.pipeline import LossFn, StageLink, forward_backward, forward_logits, stage_link
-from nereus.engines.vocab import GatherLastDim
 from nereus.runtime.worker.state import UnitState
-
-_GatherLastDim = GatherLastDim  # the name older callers import
 
 
 def link_of(state: UnitState) -> StageLink:
@@ -56,27 +52,3 @@ def unit_forward_backward(state: UnitState, microbatches: Sequence[torch.Tensor]
     on the last pp stage (0.0 elsewhere)."""
     return forward_backward(state.model, link_of(state), state.groups.tp, microbatches, loss_fn)
 
-
-def train_step(state: UnitState, tokens: torch.Tensor, labels: torch.Tensor,
-               micro_batch: int | None = None) -> float:
-    """Next-token cross entropy (mean over all tokens of the batch), backward through the
-    pipeline in microbatches of ``micro_batch`` rows (default: one), Adam step. Returns the loss
-    on the last pp stage, 0.0 on the others."""
-    opt = state.optimizer
-    opt.zero_grad(set_to_none=True)
-    rows = tokens.shape[0]
-    mb = micro_batch or rows
-    starts = list(range(0, rows, mb))
-    n_tok = float(labels.numel())
-
-    def loss_of(i: int, logits: torch.Tensor) -> torch.Tensor:
-        a = starts[i]
-        lab = labels[a:a + mb]
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), lab.reshape(-1),
-                               reduction="sum") / n_tok
-
-    loss = unit_forward_backward(state, [tokens[a:a + mb] for a in starts], loss_of)
-    opt.step()
-    state.counters.updates += 1
-    state.counters.position += 1
-    return loss

@@ -1,4 +1,9 @@
-"""PPO-family losses over response tokens (token-mean over the mask)."""
+"""Textbook token-mean PPO-family losses: the oracle the runtime's loss sums are checked against.
+
+The runtime (:mod:`nereus.rl.ppo`, :mod:`nereus.rl.grpo`) sums each loss over the response tokens
+of a microbatch and divides by the minibatch's token count once, so that microbatches add up to
+the minibatch's mean; these are the means written directly.
+"""
 
 from __future__ import annotations
 
