@@ -36,10 +36,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nereus.emu.unit import Emu, Layout
 from nereus.emu.zero import Fragment, RankPartition
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.engines.pipeline import LossFn, forward_backward, stage_link
-from nereus.emu.unit import Emu, Layout
 from nereus.errors import ConfigError, TransitionError
 from nereus.spec.model import ModelSpec
 
@@ -209,18 +209,30 @@ class ZeroUnit:
     def hp(self, group: int) -> torch.Tensor:
         """The flat fp32 master partition of param group ``group`` on this rank."""
         self._stage12()
-        return self.optimizer.single_partition_of_fp32_groups[group]  # type: ignore[no-any-return]
+        return self.optimizer.single_partition_of_fp32_groups[group]
 
     def moment(self, group: int, key: str) -> torch.Tensor:
-        """Adam's ``key`` (exp_avg / exp_avg_sq) of the flat partition of ``group``; created
-        (zeros, as torch's Adam would at its first step) when the optimizer has not stepped."""
-        hp = self.hp(group)
-        state = self.optimizer.optimizer.state[hp]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            for k in MOMENTS:
-                state[k] = torch.zeros_like(hp, memory_format=torch.preserve_format)
-        return state[key]  # type: ignore[no-any-return]
+        """Adam's ``key`` (exp_avg / exp_avg_sq) of the flat partition of ``group``."""
+        self.ensure_state()
+        return self.optimizer.optimizer.state[self.hp(group)][key]
+
+    def ensure_state(self) -> None:
+        """Adam's state of every partition, created as torch's Adam does at its first step
+        (zero moments, step 0) when the optimizer has not stepped, and linked to DeepSpeed's
+        per-parameter fragments (as its own first step links them)."""
+        opt = self.optimizer
+        created = False
+        for g in range(len(opt.optimizer.param_groups)):
+            hp = self.hp(g)
+            state = opt.optimizer.state[hp]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                for k in MOMENTS:
+                    state[k] = torch.zeros_like(hp, memory_format=torch.preserve_format)
+                created = True
+        if created or not opt._hp_optimizer_states_linked:
+            opt._hp_optimizer_states_linked = False
+            opt._lazy_init_hp_params_optimizer_state()
 
     def step_value(self) -> float:
         steps = {float(s["step"]) for s in self.optimizer.optimizer.state.values() if s}
@@ -229,8 +241,8 @@ class ZeroUnit:
         return steps.pop() if steps else 0.0
 
     def set_step(self, value: float) -> None:
+        self.ensure_state()
         for g in range(len(self.optimizer.optimizer.param_groups)):
-            self.moment(g, MOMENTS[0])
             self.optimizer.optimizer.state[self.hp(g)]["step"].fill_(value)
 
     def forward_backward(self, microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
