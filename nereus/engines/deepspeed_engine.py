@@ -27,9 +27,10 @@ accelerator (``DS_ACCELERATOR=cpu``, set before the import).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +294,23 @@ def rank_partitions(engine: Any) -> tuple[RankPartition, ...]:
     return tuple(out)
 
 
+@contextlib.contextmanager
+def _no_init_broadcast(ds: Any, skip: bool) -> Iterator[None]:
+    """DeepSpeed's engine broadcasts every parameter from DP rank 0 when it is built. A unit about
+    to be filled by a re-partition (every value written) skips that: it would send unwritten
+    memory. Other builds keep DeepSpeed's behaviour."""
+    cls = ds.runtime.engine.DeepSpeedEngine
+    if not skip or not hasattr(cls, "_broadcast_model"):
+        yield
+        return
+    original = cls._broadcast_model
+    cls._broadcast_model = lambda self: None
+    try:
+        yield
+    finally:
+        cls._broadcast_model = original
+
+
 def build_zero_unit(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGroups,
                     dp_group: Any, dp_ranks: Sequence[int], options: DeepSpeedOptions, *,
                     lr: float, seed: int = 0, initialize: bool = True,
@@ -314,8 +332,10 @@ def build_zero_unit(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGr
             for name, p in model.named_parameters():
                 p.copy_(torch.as_tensor(params[name]))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    engine, _, _, _ = ds.initialize(model=model, optimizer=opt, config=options.ds_config(),
-                                    mpu=_Mpu(dp_group, groups.solo), dist_init_required=False)
+    with _no_init_broadcast(ds, skip=not initialize and params is None):
+        engine, _, _, _ = ds.initialize(model=model, optimizer=opt, config=options.ds_config(),
+                                        mpu=_Mpu(dp_group, groups.solo),
+                                        dist_init_required=False)
     numels = tuple((n, int(getattr(p, "ds_numel", p.numel()))) for n, p in model.named_parameters())
     return ZeroUnit(spec, emu, global_rank, groups, dp_group, tuple(dp_ranks), model, engine,
                     options, counters, numels)
