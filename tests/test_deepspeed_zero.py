@@ -249,3 +249,16 @@ def test_bad_deepspeed_config_names_the_field():
                                            {"reduce_bucket_size": "lots"}),)))
     assert "runtime.deepspeed.config.zero_optimization.reduce_bucket_size" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_owned_and_bad_options_name_the_field():
+    from nereus.engines.deepspeed_engine import DeepSpeedOptions
+    from nereus.errors import ConfigError
+
+    for kw, field in (({"zero_stage": 4}, "runtime.deepspeed.zero_stage"),
+                      ({"config": (("bf16", {"enabled": True}),)}, "runtime.deepspeed.config.bf16"),
+                      ({"config": (("zero_optimization", {"stage": 3}),)},
+                       "runtime.deepspeed.config.zero_optimization")):
+        with pytest.raises(ConfigError) as e:
+            DeepSpeedOptions(**kw)
+        assert str(e.value).startswith(field + "=")

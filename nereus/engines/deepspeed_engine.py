@@ -59,6 +59,19 @@ class DeepSpeedOptions:
     zero_stage: int = 1
     config: tuple[tuple[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        path = "runtime.deepspeed"
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
+            raise ConfigError(f"{path}.zero_stage", self.zero_stage, "must be one of 1, 2, 3")
+        for key, value in self.config:
+            if key in OWNED_KEYS:
+                raise ConfigError(f"{path}.config.{key}", value,
+                                  "set by Nereus (batch, optimizer, precision): not configurable")
+            if key == "zero_optimization" and (not isinstance(value, Mapping)
+                                               or "stage" in value):
+                raise ConfigError(f"{path}.config.zero_optimization",
+                                  value, "must be a mapping without 'stage' (use zero_stage)")
+
     def ds_config(self) -> dict[str, Any]:
         """The DeepSpeed config of a unit (fp32, Nereus' Adam, one micro-batch per step())."""
         extra = {k: v for k, v in self.config}
