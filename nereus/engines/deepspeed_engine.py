@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.emu.unit import Emu, Layout
+from nereus.emu.shards import LocalShard, shards_at
 from nereus.emu.zero import Fragment, RankPartition
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.engines.pipeline import LossFn, forward_backward, stage_link
@@ -216,6 +217,18 @@ class ZeroUnit:
 
     def params(self) -> dict[str, torch.Tensor]:
         return dict(self.model.named_parameters())
+
+    def shards(self) -> tuple[LocalShard, ...]:
+        """The whole model (tp = pp = 1): what a weight sync reads from this rank."""
+        return shards_at(self.spec, self.emu.layout, 0, 0)
+
+    def tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The parameters by local key (field ``param`` only: the Adam state is partitioned)
+        — the view :class:`nereus.runtime.execution.torch_executor.TorchExecutor` reads in a
+        weight sync. ZeRO stages 1 and 2 hold every parameter whole on every DP rank."""
+        self._stage12()
+        params = self.params()
+        return {"param": {s.local_key: params[s.local_key].data for s in self.shards()}}
 
     def partitions(self) -> tuple[RankPartition, ...]:
         return rank_partitions(self.engine)
