@@ -37,8 +37,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nereus.emu.unit import Emu, Layout
 from nereus.emu.shards import LocalShard, shards_at
+from nereus.emu.unit import Emu, Layout
 from nereus.emu.zero import Fragment, RankPartition
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.engines.pipeline import LossFn, forward_backward, stage_link
