@@ -7,7 +7,8 @@ step 1) so that every byte is distinct state. Per row:
 
 - live: the target unit is built at the new DP (DeepSpeed engine included) and the state
   re-partitioned (:func:`nereus.runtime.execution.zero_executor.change_dp`), timed from the
-  first rank starting to the last finishing, in a job of 4 ranks;
+  first rank starting to the last finishing, in a job of 4 ranks that play GPUs of
+  ``DEVICE_BYTES`` as the other rows' ranks do (freed memory kept, touched once at start);
 - restart: ``save_checkpoint`` in a job at the source DP holding the same state (timed from its
   barrier, its launch not counted) + ``ds_to_universal`` (a process, 1 worker per stage, as
   documented) + a fresh launch at the target DP (spawn, import, gloo, build, universal load);
@@ -31,6 +32,10 @@ from datetime import timedelta
 from typing import Any
 
 WORLD = 4
+# Per rank, as in resharding.py's rows (a CPU rank plays a GPU whose memory exists before the
+# job: freed memory is kept and touched once, before any row): the 2→4 row's peak is the dp 2
+# source (330 MB of parameters, 495 MB of fp32 master and moments) beside the dp 4 target.
+DEVICE_BYTES = 2_000_000_000
 ROWS = (((0, 1), (0, 1, 2, 3)), ((0, 1, 2, 3), (0, 1)))
 
 
@@ -138,7 +143,10 @@ def live(rank: int, world: int, store: Any, model: str, stage: int) -> list[dict
     import torch.distributed as dist
 
     from nereus.runtime.execution.zero_executor import change_dp
+    from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
 
+    if retain_freed_memory():
+        reserve(DEVICE_BYTES)
     out = []
     for i, (src_ranks, dst_ranks) in enumerate(ROWS):
         src = _build(model, rank, src_ranks, stage)
