@@ -6,11 +6,13 @@ whole on every rank). So a DP change is not an Extend of a replica plus Destroys
 unit is built at the new DP (DeepSpeed's engine over the new DP group, parameters unwritten),
 both units report their partitions from DeepSpeed's metadata, and the pure plan
 (:func:`nereus.emu.zero.repartition`) moves every element whose owner changes once, from its one
-holder; a GPU new to the unit also receives the parameters once. Per peer pair everything goes
-in one packed message over a gloo group of the transition's GPUs (unique store prefix, bounded
-timeout); the moves inside a rank are copies. The fp32 master partition is then the parameters'
-values at the partition (the models are fp32: DeepSpeed builds it the same way), the Adam step
-and the unit's counters come from the source. The source unit is left intact until the caller
+holder; a GPU new to the unit also receives the parameters once. Transfers go over a gloo
+group of the transition's GPUs (unique store prefix, bounded timeout): slices of at least
+:data:`~nereus.runtime.execution.pack.DIRECT_MIN_VALUES` values go straight from the source
+tensors into the target's (no copy), smaller ones packed into one buffer per pair; the moves
+inside a rank are copies. The fp32 master partition is then the parameters' values at the
+partition (the models are fp32: DeepSpeed builds it the same way), the Adam step and the unit's
+counters come from the source. The source unit is left intact until the caller
 drops it, so a failed transfer (CommunicationError) loses nothing.
 """
 
@@ -30,7 +32,7 @@ from nereus.emu.zero import PartMove, ZeroLayout, ZeroPlan, layout_of, repartiti
 from nereus.engines.deepspeed_engine import MOMENTS, ZeroUnit
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.execution.groups import TransitionGroup, transition_group
-from nereus.runtime.execution.pack import pack, unpack
+from nereus.runtime.execution.pack import PairMessages, pack, pair_messages, unpack
 
 META_VALUES = 5  # updates, model-stage version, policy version, position, Adam step
 
@@ -84,6 +86,12 @@ def _dst_views(plan: ZeroPlan, unit: ZeroUnit, src: int, dst: int) -> list[torch
     return views
 
 
+def _messages(views: Sequence[torch.Tensor]) -> PairMessages:
+    """Both ends split a pair's slices alike: large ones (all 1-D contiguous) go as their own
+    messages with no copy, the rest packed into one buffer (tag 0; direct item k: tag 2 + k)."""
+    return pair_messages([v.numel() for v in views], [v.is_contiguous() for v in views])
+
+
 def _meta(unit: ZeroUnit) -> torch.Tensor:
     c = unit.counters
     vals = [0, 0, 0, 0] if c is None else [c.updates, c.model_stage_version, c.policy_version,
@@ -111,20 +119,31 @@ def execute_zero_plan(plan: ZeroPlan, rank: int, source: ZeroUnit | None,
                 raise TransitionError(f"rank {rank} must transfer but has no transition group")
             for peer in to:
                 assert source is not None
-                buf = pack(_src_views(plan, source, rank, peer))
-                keep.append(buf)
-                works.append(("send to", peer, group.pg.send([buf], group.group_rank(peer), 0),
-                              None))
+                views = _src_views(plan, source, rank, peer)
+                msgs = _messages(views)
+                dest = group.group_rank(peer)
+                for k, i in enumerate(msgs.direct):  # large slices straight from the tensors
+                    works.append(("send to", peer, group.pg.send([views[i]], dest, 2 + k), None))
+                if msgs.packed:
+                    buf = pack([views[i] for i in msgs.packed])
+                    keep.append(buf)
+                    works.append(("send to", peer, group.pg.send([buf], dest, 0), None))
             for peer in meta_to:
                 works.append(("send meta to", peer, group.pg.send(
                     [_meta(source)], group.group_rank(peer), 1), None))  # type: ignore[arg-type]
             for peer in frm:
                 assert target is not None
                 views = _dst_views(plan, target, peer, rank)
-                buf = torch.empty(sum(v.numel() for v in views), dtype=torch.float32)
-                post: Callable[[], None] = functools.partial(unpack, buf, views)
-                works.append(("recv from", peer, group.pg.recv([buf], group.group_rank(peer), 0),
-                              post))
+                msgs = _messages(views)
+                frm_rank = group.group_rank(peer)
+                for k, i in enumerate(msgs.direct):  # straight into the target's slices
+                    works.append(("recv from", peer,
+                                  group.pg.recv([views[i]], frm_rank, 2 + k), None))
+                if msgs.packed:
+                    packed = [views[i] for i in msgs.packed]
+                    buf = torch.empty(sum(v.numel() for v in packed), dtype=torch.float32)
+                    post: Callable[[], None] = functools.partial(unpack, buf, packed)
+                    works.append(("recv from", peer, group.pg.recv([buf], frm_rank, 0), post))
             if new_here:
                 peer = min(plan.src.gpus)
                 works.append(("recv meta from", peer,
@@ -145,8 +164,8 @@ def execute_zero_plan(plan: ZeroPlan, rank: int, source: ZeroUnit | None,
             return
         if source is not None:  # a GPU staying in the unit: its own parts are copies
             for m in plan.sends(rank, rank):
-                for k in MOMENTS:
-                    _local(target, source, m, k)
+                for key in MOMENTS:
+                    _local(target, source, m, key)
             src_params = source.params()
             for name, p in target.params().items():
                 p.data.copy_(src_params[name].data)
