@@ -15,7 +15,13 @@ on CPU; "+local" is the fraction with them included (on a GPU they run beside th
 in device memory). ``--json`` rows: transition, bytes_moved, bytes_min, seconds,
 restart_seconds, p2p_fraction, p2p_gbps, transfer_seconds, network_seconds.
 
-    python3 benchmarks/resharding.py [--json] [--model medium-gpt]
+DeepSpeed rows (``benchmarks/zero_rows.py``, when the deepspeed package imports): a ZeRO unit's
+live DP change 2→4 and 4→2 on 4 ranks against DeepSpeed's Universal Checkpoint restart
+(save_checkpoint → ds_to_universal → load at the new DP in fresh processes), same state checked
+by hash; ``--json`` puts them under ``deepspeed_rows``.
+
+    python3 benchmarks/resharding.py [--json] [--model medium-gpt] [--deepspeed on|off|only]
+        [--zero-stages 1,2]
 """
 
 from __future__ import annotations
@@ -329,7 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--model", default="medium-gpt")
+    ap.add_argument("--deepspeed", choices=("on", "off", "only"), default="on",
+                    help="the DeepSpeed ZeRO rows (on: after the others, if deepspeed imports)")
+    ap.add_argument("--zero-stages", default="1", help="ZeRO stages of the DeepSpeed rows")
     args = ap.parse_args(argv)
+    if args.deepspeed == "only":
+        return _deepspeed_rows(args)
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS[args.model]
@@ -416,7 +427,40 @@ def main(argv: list[str] | None = None) -> int:
     for name, d in modes.items():
         print(f"Split tp 2→1 as {name:9}: live {d['seconds']:.2f} s, transfer {d['transfer_s']:.2f} s "
               f"({split_bytes / d['transfer_s'] / 1e9:.2f} GB/s)", file=table)
+    if args.deepspeed == "on":
+        return _deepspeed_rows(args)
     return 0
+
+
+def _deepspeed_rows(args: argparse.Namespace) -> int:
+    """The DeepSpeed ZeRO rows (skipped with a note when deepspeed is not installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        print("DeepSpeed rows skipped: the deepspeed package is not installed "
+              "(pip install 'nereus[deepspeed]')", file=sys.stderr)
+        return 0
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import zero_rows
+
+    stages = tuple(int(x) for x in args.zero_stages.split(","))
+    rows = zero_rows.rows(args.model, stages)
+    table = sys.stderr if args.json else sys.stdout
+    if args.json:
+        print(json.dumps({"deepspeed_rows": rows, "model": args.model,
+                          "ranks": zero_rows.WORLD}))
+    print(f"DeepSpeed ZeRO units, {args.model}, {zero_rows.WORLD} gloo CPU ranks: live DP "
+          "change vs Universal Checkpoint restart", file=table)
+    print(f"{'transition':20} {'moved MB':>9} {'min MB':>8} {'live s':>7} {'restart s':>9} "
+          f"{'speedup':>8} {'same':>5}  (build / transfer | save / convert / launch+load s)",
+          file=table)
+    for r in rows:
+        print(f"{r['transition']:20} {r['bytes_moved'] / 1e6:9.1f} {r['bytes_min'] / 1e6:8.1f} "
+              f"{r['seconds']:7.2f} {r['restart_seconds']:9.2f} "
+              f"{r['restart_seconds'] / r['seconds']:7.1f}x {r['same']!s:>5}  "
+              f"({r['build_seconds']:.2f} / {r['transfer_seconds']:.2f} | {r['save_seconds']:.2f} "
+              f"/ {r['convert_seconds']:.2f} / {r['launch_seconds']:.2f})", file=table)
+    return 0 if all(r["same"] and r["bytes_moved"] == r["bytes_min"] for r in rows) else 1
 
 
 if __name__ == "__main__":

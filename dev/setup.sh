@@ -7,19 +7,20 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=${PYTHON:-python3}
 
-# CPU build of torch first, so no extra pulls a multi-GB CUDA build.
+# CPU build of torch first, so no extra pulls a multi-GB CUDA build (DeepSpeed's sdist builds
+# against it; DS_BUILD_OPS=0: its ops are compiled on first use, not at install).
 "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[all,dev]"
+DS_BUILD_OPS=0 "$PY" -m pip install -q -e ".[all,dev]"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   need=""
-  for cmd in slurmctld slurmd sinfo munged h5clear hipcc; do
+  for cmd in slurmctld slurmd sinfo munged h5clear hipcc g++; do
     command -v "$cmd" >/dev/null 2>&1 || need=1
   done
   if [ -n "$need" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      slurmctld slurmd slurm-client munge hdf5-tools hipcc >/dev/null
+      slurmctld slurmd slurm-client munge hdf5-tools hipcc g++ >/dev/null
   fi
 fi
 echo "nereus: setup done"
