@@ -19,6 +19,7 @@ drops it, so a failed transfer (CommunicationError) loses nothing.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nereus.emu.zero import PartMove, ZeroLayout, ZeroPlan, layout_of, repartition
+from nereus.emu.zero import (
+    Fragment,
+    PartMove,
+    RankPartition,
+    ZeroLayout,
+    ZeroPlan,
+    layout_of,
+    repartition,
+)
 from nereus.engines.deepspeed_engine import MOMENTS, ZeroUnit
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.execution.groups import TransitionGroup, transition_group
@@ -50,18 +59,44 @@ def gather_layouts(source: ZeroUnit | None, target: ZeroUnit | None, src_gpus: S
                    dst_gpus: Sequence[int], group: Any = None) -> tuple[ZeroLayout, ZeroLayout]:
     """Both layouts from what each rank reads of DeepSpeed's metadata (collective over
     ``group``, default the whole job: every rank calls it)."""
-    mine = (source.partitions() if source is not None else None,
-            target.partitions() if target is not None else None,
-            source.tensor_numels if source is not None else target.tensor_numels
-            if target is not None else None)
-    world = dist.get_world_size(group)
-    got: list[Any] = [None] * world
-    dist.all_gather_object(got, (dist.get_rank(), mine), group=group)
-    by_rank = dict(got)
+
+    def plain(parts: Sequence[RankPartition] | None) -> Any:
+        return None if parts is None else [
+            [p.group, p.size, [[f.tensor, f.tensor_start, f.part_start, f.numel]
+                               for f in p.fragments]] for p in parts]
+
+    def back(parts: Any) -> tuple[RankPartition, ...] | None:
+        return None if parts is None else tuple(
+            RankPartition(int(g), int(n), tuple(Fragment(str(t), int(a), int(b), int(k))
+                                                for t, a, b, k in frags))
+            for g, n, frags in parts)
+
+    unit = source if source is not None else target
+    mine = [dist.get_rank(), plain(source.partitions() if source is not None else None),
+            plain(target.partitions() if target is not None else None),
+            None if unit is None else [[n, int(k)] for n, k in unit.tensor_numels]]
+    by_rank: dict[int, Any] = {int(r): (back(s), back(t), None if n is None else tuple((str(a), int(b))
+                                                                        for a, b in n))
+               for r, s, t, n in _all_gather_json(mine, group)}
     tensors = next(t for _, (_, _, t) in sorted(by_rank.items()) if t is not None)
     src = layout_of(src_gpus, tensors, [by_rank[g][0] for g in src_gpus])
     dst = layout_of(dst_gpus, tensors, [by_rank[g][1] for g in dst_gpus])
     return src, dst
+
+
+def _all_gather_json(obj: Any, group: Any) -> list[Any]:
+    """Every rank's ``obj`` (plain data) over ``group`` as JSON bytes in uint8 tensors: nothing
+    received over torch.distributed is unpickled (docs/security.md)."""
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=group)
+    width = max(int(n.item()) for n in sizes)
+    mine = torch.zeros(width, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    got = [torch.zeros(width, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(got, mine, group=group)
+    return [json.loads(bytes(g[:int(n.item())].numpy())) for g, n in zip(got, sizes, strict=True)]
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
