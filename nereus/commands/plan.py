@@ -90,6 +90,9 @@ def apply_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
             cluster.pop(key, None)
     if args.gpus_per_node is not None:
         cluster["gpus_per_node"] = args.gpus_per_node
+    if args.gpus is not None and isinstance(cluster.get("nodes"), list):
+        raise ConfigError("--gpus", args.gpus, "the cluster has node groups (cluster.nodes a "
+                          "list): set their counts in the config")
     if args.gpus is not None:
         per_node = cluster.get("gpus_per_node", 8)
         if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0:
