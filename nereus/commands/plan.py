@@ -159,7 +159,7 @@ def _handler(args: argparse.Namespace) -> int:
         return 3
     decision_ms = (time.perf_counter() - start_s) * 1e3
     if args.json:
-        print(json.dumps({**plan_result_to_json(result), "decision_ms": decision_ms}))
+        print(json.dumps({**plan_result_to_json(result, setup), "decision_ms": decision_ms}))
     else:
         print(explain(result, setup))
         print(f"decision: {decision_ms:.2f} ms ({args.search})")
