@@ -122,6 +122,11 @@ def _handler(args: argparse.Namespace) -> int:
     if args.gpus_per_trace_node <= 0:
         raise ConfigError("--gpus-per-trace-node", args.gpus_per_trace_node, "must be a positive integer")
     setup = build_setup(args)
+    if setup.cluster.heterogeneous:
+        raise ConfigError("cluster.nodes", "+".join(f"{g.count}×{g.gpu.name}"
+                                                    for g in setup.cluster.groups),
+                          "nereus simulate takes one GPU trace for one hardware type; mixed pools "
+                          "run in nereus.sim.mixed (a trace per type: benchmarks/hetero.py)")
     max_gpus = args.max_gpus if args.max_gpus is not None else setup.cluster.num_gpus
     if max_gpus <= 0:
         raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")

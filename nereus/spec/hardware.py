@@ -140,6 +140,19 @@ class ClusterSpec:
         return ClusterSpec(nodes, gpus_per_node, groups[0].gpu, groups=groups,
                            host_gbps=host_gbps)
 
+    @staticmethod
+    def of_nodes(node_gpus: tuple[GpuSpec, ...], gpus_per_node: int,
+                 host_gbps: float = DEFAULT_HOST_GBPS) -> ClusterSpec:
+        """The cluster whose node ``i`` has ``node_gpus[i]`` (what rank 0 gathers from every
+        node's inventory at start, in node order): consecutive nodes of one kind form a group."""
+        groups: list[NodeGroup] = []
+        for gpu in node_gpus:
+            if groups and groups[-1].gpu == gpu:
+                groups[-1] = NodeGroup(groups[-1].count + 1, gpu)
+            else:
+                groups.append(NodeGroup(1, gpu))
+        return ClusterSpec.mixed(tuple(groups), gpus_per_node, host_gbps)
+
     @property
     def num_gpus(self) -> int:
         return self.nodes * self.gpus_per_node

@@ -103,3 +103,21 @@ def test_cli_error_is_one_line_exit_2(tmp_path: Any, capsys: pytest.CaptureFixtu
     assert out.err.strip().splitlines() == [
         "nereus: error: cluster.nodes[0].gpus_per_node=4: every node group has the cluster's "
         "gpus_per_node (8): GPU ids are node·gpus_per_node + local index"]
+
+
+def test_cluster_from_the_hardware_gathered_per_node() -> None:
+    from nereus.cluster.devices import DetectedDevice, gpu_from_inventory
+
+    # what each node's inventory says (NVML / ROCm SMI), in node order
+    nodes = (gpu_from_inventory((DetectedDevice("nvidia", "NVIDIA H200", 141 * 10**9),)),
+             gpu_from_inventory((DetectedDevice("nvidia", "NVIDIA H200", 141 * 10**9),)),
+             gpu_from_inventory((DetectedDevice("amd", "AMD Instinct MI250X", 64 * 10**9),)))
+    c = ClusterSpec.of_nodes(nodes, 8)
+    assert c.heterogeneous and c.nodes == 3
+    assert [(g.count, g.gpu.name, g.gpu.vendor) for g in c.groups] == [
+        (2, "h200", "nvidia"), (1, "mi250x-gcd", "amd")]
+    assert ClusterSpec.of_nodes(nodes[:2], 8) == ClusterSpec(2, 8, nodes[0])
+    # interleaved kinds stay in node order: GPU ids are node·gpus_per_node + local
+    mixed = ClusterSpec.of_nodes((H200, MI300X, H200), 4)
+    assert [g.count for g in mixed.groups] == [1, 1, 1]
+    assert mixed.gpus_of(H200) == (0, 1, 2, 3, 8, 9, 10, 11)

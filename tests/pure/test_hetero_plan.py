@@ -58,6 +58,7 @@ def _check_plan(setup: Setup, result: Any, pool: list[int] | None = None) -> Non
 MIXES = st.sampled_from([
     [(1, "h200"), (1, "mi300x")], [(2, "h200"), (1, "mi300x")], [(1, "mi300x"), (2, "h200")],
     [(1, "a100-80gb"), (1, "h200"), (1, "mi300x")], [(1, "h100-80gb"), (1, "mi250x-gcd")],
+    [(1, "h200"), (1, "mi300x"), (1, "h200")],  # interleaved: one type on nodes 0 and 2
 ])
 
 
