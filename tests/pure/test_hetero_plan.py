@@ -179,3 +179,28 @@ def test_homogeneous_plans_are_unchanged_by_node_groups() -> None:
     assert not one.cluster.heterogeneous and one.cluster.groups == ()
     r = search_plan(one)
     assert r.method == "dp" and type_errors(one.cluster, r.plan) == []
+
+
+def test_nereus_plan_prints_the_placement_per_type(tmp_path: Any,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from nereus.cli import main
+
+    path = tmp_path / "mixed.yaml"
+    path.write_text("job: {algorithm: ppo, global_batch: 256, prompt_len: 1024, gen_len: 2048,"
+                    " reward_model: false}\n"
+                    "models: {actor: llama-3.1-8b, critic: llama-3.1-8b}\n"
+                    "cluster: {gpus_per_node: 8, nodes: [{count: 1, gpu: h200},"
+                    " {count: 1, gpu: mi300x}]}\n")
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "placement per hardware type" in out
+    assert "  h200 (nvidia, 126.9 GB usable): 8 of 8 GPUs — " in out
+    assert "  mi300x (amd, 172.8 GB usable): 8 of 8 GPUs — " in out
+    assert main(["plan", str(path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert {t["gpu"] for t in got["types"]} == {"h200", "mi300x"}
+    for stage in got["model_stages"]:
+        for rep in stage["replicas"]:
+            assert len({g // 8 for g in rep}) == 1  # a unit inside one node: one type
