@@ -80,7 +80,7 @@ def _missing_gpu(path: str) -> ConfigError:
 
 def _node_groups(path: str, raw: Any, per_node: int) -> tuple[NodeGroup, ...]:
     """The node groups of ``cluster.nodes`` given as a list."""
-    if not raw:
+    if not raw or not all(isinstance(item, dict) for item in raw):
         raise ConfigError(path, raw, "must be a positive integer or a non-empty list of node "
                           "groups {count, gpu, ...}")
     groups: list[NodeGroup] = []
@@ -122,11 +122,11 @@ def parse_cluster(raw: Any, path: str = "cluster", detected_gpu: GpuSpec | None 
                  if "host_gbps" in raw else DEFAULT_HOST_GBPS)
     nodes_raw = raw.get("nodes", DEFAULT_NODES)
     if isinstance(nodes_raw, list):
+        groups = _node_groups(f.join(path, "nodes"), nodes_raw, per_node)
         for key in ("gpu", *GPU_OVERRIDES):
             if key in raw:
                 raise ConfigError(f.join(path, key), raw[key],
                                   f"with node groups ({path}.nodes a list) set it per group")
-        groups = _node_groups(f.join(path, "nodes"), nodes_raw, per_node)
         return ClusterSpec.mixed(groups, per_node, host_gbps)
     nodes = f.positive_int(f.join(path, "nodes"), nodes_raw)
     if "gpu" not in raw:

@@ -81,7 +81,8 @@ def test_group_overrides_and_names() -> None:
     ({"nodes": [{"count": 1, "gpu": "h200", "peak_tflops": -1}]},
      "cluster.nodes[0].peak_tflops", "positive"),
     ({"nodes": 2, "gpu": "h200", "host_gbps": 0}, "cluster.host_gbps", "positive"),
-    ({"nodes": ["h200"]}, "cluster.nodes[0]", "must be a mapping"),
+    ({"nodes": ["h200"]}, "cluster.nodes", "non-empty list of node groups"),
+    ({"nodes": [8], "gpu": "h200"}, "cluster.nodes", "non-empty list of node groups"),
 ])
 def test_bad_node_groups_name_field_value_and_rule(cluster: dict[str, Any], field: str,
                                                    rule: str) -> None:
