@@ -75,8 +75,9 @@ def search_plan(
     ``InfeasiblePlanError`` naming the tightest constraint when no plan fits.
 
     On a cluster of several hardware types (``ClusterSpec.heterogeneous``) the vendor-aware
-    search of :mod:`nereus.plan.hetero` answers. ``workflow``: plan only this part of the job's
-    workflow (that search's per-type parts).
+    search of :mod:`nereus.plan.hetero` answers (``cache`` unused there: each call costs every
+    type's tables afresh, about 1 s at 128 GPUs of two types). ``workflow``: plan only this part
+    of the job's workflow (that search's per-type parts).
     """
     if setup.cluster.heterogeneous:
         from nereus.plan import hetero  # it plans each type's part through this function
