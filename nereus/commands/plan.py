@@ -91,6 +91,9 @@ def apply_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
             cluster.pop(key, None)
     if args.gpus_per_node is not None:
         cluster["gpus_per_node"] = args.gpus_per_node
+    if args.gpus is not None and isinstance(cluster.get("nodes"), list):
+        raise ConfigError("--gpus", args.gpus, "the cluster has node groups (cluster.nodes a "
+                          "list): set their counts in the config")
     if args.gpus is not None:
         if args.gpus > limits.MAX_GPUS:
             raise ConfigError("--gpus", args.gpus,
@@ -162,7 +165,7 @@ def _handler(args: argparse.Namespace) -> int:
         return 3
     decision_ms = (time.perf_counter() - start_s) * 1e3
     if args.json:
-        print(json.dumps({**plan_result_to_json(result), "decision_ms": decision_ms}))
+        print(json.dumps({**plan_result_to_json(result, setup), "decision_ms": decision_ms}))
     else:
         print(explain(result, setup))
         print(f"decision: {decision_ms:.2f} ms ({args.search})")

@@ -143,6 +143,11 @@ def _handler(args: argparse.Namespace) -> int:
 
     check_flags(args)
     setup = build_setup(args)
+    if setup.cluster.heterogeneous:
+        raise ConfigError("cluster.nodes", "+".join(f"{g.count}×{g.gpu.name}"
+                                                    for g in setup.cluster.groups),
+                          "nereus simulate takes one GPU trace for one hardware type; mixed pools "
+                          "run in nereus.sim.mixed (a trace per type: benchmarks/hetero.py)")
     max_gpus = args.max_gpus if args.max_gpus is not None else setup.cluster.num_gpus
     log_out, calib_out = _outputs(args)
     trace = load_gpu_trace(args.gpu_trace, args.gpus_per_trace_node, max_gpus, setup.cluster.nodes,

@@ -191,6 +191,10 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                           "nereus run keeps every replica's whole optimizer state (DESIGN.md §2.2); "
                           "the distributed optimizer is for nereus plan and simulate")
     cl = setup.cluster
+    if cl.heterogeneous:
+        raise ConfigError("cluster.nodes", "+".join(f"{g.count}×{g.gpu.name}" for g in cl.groups),
+                          "nereus run does not run mixed hardware yet: plan and simulate it "
+                          "(nereus plan, nereus simulate)")
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
     where = "--ranks" if ranks is not None else "runtime.ranks"
     n = f.positive_int(where, n, "MAX_RANKS")

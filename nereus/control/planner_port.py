@@ -37,6 +37,10 @@ def setup_for(setup: Setup, obs: Observation) -> Setup:
 
 
 def plan_step_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> float:
+    if setup.cluster.heterogeneous:  # each replica on its own type, weight sync across types
+        from nereus.plan.hetero import evaluate_plan
+
+        return evaluate_plan(setup, plan, calib).step_s
     wf = setup.job.workflow
     times = {sp.name: stage_latency(setup, wf.by_name(sp.name), sp.candidate, calib).total_s for sp in plan.stages}
     return step_latency_s(wf, times)
@@ -60,6 +64,15 @@ class SearchPort:
         missing = sorted({g for sp in plan.stages for g in sp.gpus} - pool)
         if missing:
             return PlanEvaluation(float("inf"), False, f"GPUs {missing} not in the pool")
+        if s.cluster.heterogeneous:
+            from nereus.plan.hetero import evaluate_plan
+
+            cost = evaluate_plan(s, plan, self.calib)
+            if cost.type_errors or cost.over_capacity:
+                why = (cost.type_errors[0] if cost.type_errors else
+                       f"GPUs {list(cost.over_capacity)[:8]} over their type's capacity")
+                return PlanEvaluation(cost.step_s, False, why)
+            return PlanEvaluation(cost.step_s, True)
         step_s = plan_step_s(s, plan, self.calib)
         peak = max(gpu_memory(s, plan, self.calib).values(), default=0)
         cap = memory_capacity_bytes(s)

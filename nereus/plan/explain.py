@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nereus.cost.calibration import Calibration, default_calibration
-from nereus.cost.memory import MemoryBreakdown, rank_memory
+from nereus.cost.memory import MemoryBreakdown, memory_capacity_bytes, rank_memory
 from nereus.plan.search import PlanResult
 from nereus.spec.job import Setup
 
@@ -53,10 +53,46 @@ def _breakdown_row(label: str, mb: MemoryBreakdown) -> str:
     )
 
 
+def by_type(result: PlanResult, setup: Setup) -> list[str]:
+    """Lines: per hardware type of a mixed cluster, what the plan runs there and why the
+    model-stages that cross types do (empty on one type)."""
+    cl = setup.cluster
+    if not cl.heterogeneous:
+        return []
+    from nereus.plan.hetero import placement_by_type, typed_setup
+
+    lines = ["placement per hardware type (each unit on one type; costed with its own spec and "
+             "calibration):"]
+    for share in placement_by_type(cl, result.plan):
+        t = share.gpu
+        cap = memory_capacity_bytes(typed_setup(setup, t))
+        lines.append(
+            f"  {t.name} ({t.vendor}, {_gb(cap)} GB usable): {len(share.used_gpus)} of "
+            f"{len(cl.gpus_of(t))} GPUs — {', '.join(share.stages) or 'idle'}")
+    for sp in result.plan.stages:
+        names = sorted({cl.type_name(g) for g in sp.gpus})
+        if len(names) > 1:
+            vendors = {cl.gpu_of(g).vendor for g in sp.gpus}
+            link = "host transport" if len(vendors) > 1 else "inter-node link"
+            why = (f"gradient sync over the {link}, and still faster" if
+                   setup.job.workflow.by_name(sp.name).trainable else "no gradient sync; faster")
+            lines.append(f"  {sp.name}: DP replicas span {', '.join(names)} ({why}: the cost "
+                         "model's choice; each replica costed on its own type, the slowest sets "
+                         "the time)")
+    for sl in result.stage_latencies:
+        w = sl.component("weight_sync")
+        if w > 0:
+            lines.append(f"  {sl.name}: reads weights trained on another type: weight sync "
+                         f"{w:.3f} s per step over the link between them "
+                         f"(host transport between vendors, {cl.host_gbps:g} GB/s per pair)")
+    return lines
+
+
 def explain(result: PlanResult, setup: Setup, calib: Calibration | None = None) -> str:
     """A table for people: the plan, why it is fast, and where its memory goes."""
     calib = calib if calib is not None else default_calibration()
     wf = setup.job.workflow
+    cl = setup.cluster
     peaks = dict(result.gpu_peak_bytes)
     used = sorted(peaks)
     lines = [
@@ -65,6 +101,7 @@ def explain(result: PlanResult, setup: Setup, calib: Calibration | None = None) 
         f"{len(used)} GPUs used, {result.candidates_considered} candidates considered",
         "critical path (lanes concurrent, phases in sequence, model-stages of a phase concurrent):",
         *critical_path(result, setup),
+        *by_type(result, setup),
         "model-stages:",
         f"  {'name':<14}{'tp':>3}{'pp':>4}{'dp':>5}{'b':>5}{'a':>5} {'rc':<3}{'gpus':>6}"
         f"{'latency s':>11}  components (s)",
@@ -83,9 +120,18 @@ def explain(result: PlanResult, setup: Setup, calib: Calibration | None = None) 
     shown: dict[int, str] = {}
     for sp in result.plan.stages:
         gpu = max(sp.gpus, key=lambda g: (peaks.get(g, 0), -g))
+        on = setup
+        cap = result.capacity_bytes
+        where = f"node {gpu // gpn}"
+        if cl.heterogeneous:
+            from nereus.plan.hetero import typed_setup
+
+            on = typed_setup(setup, cl.gpu_of(gpu))
+            cap = memory_capacity_bytes(on)
+            where += f", {cl.type_name(gpu)}"
         head = (
-            f"  {sp.name}: GPU {gpu} (node {gpu // gpn}) {_gb(peaks.get(gpu, 0))} GB "
-            f"of {_gb(result.capacity_bytes)} GB"
+            f"  {sp.name}: GPU {gpu} ({where}) {_gb(peaks.get(gpu, 0))} GB "
+            f"of {_gb(cap)} GB"
         )
         if gpu in shown:
             lines.append(f"{head}, as for {shown[gpu]}")
@@ -94,16 +140,18 @@ def explain(result: PlanResult, setup: Setup, calib: Calibration | None = None) 
         lines.append(head)
         for name, pp_rank in _placed_on(result, gpu):
             other = result.plan.stage(name)
-            mb = rank_memory(setup, wf.by_name(name), other.candidate, calib, pp_rank)
+            mb = rank_memory(on, wf.by_name(name), other.candidate, calib, pp_rank)
             lines.append(_breakdown_row(f"{name} pp{pp_rank}", mb))
     return "\n".join(lines)
 
 
-def plan_result_to_json(result: PlanResult) -> dict[str, Any]:
-    """The plan as plain JSON data (the CLI adds ``decision_ms``)."""
+def plan_result_to_json(result: PlanResult, setup: Setup | None = None) -> dict[str, Any]:
+    """The plan as plain JSON data (the CLI adds ``decision_ms``); with ``setup`` of a mixed
+    cluster also ``hardware`` (per model-stage: its types) and ``types`` (per type: GPUs,
+    used GPUs, model-stages)."""
     lat = {s.name: s for s in result.stage_latencies}
     mem = dict(result.stage_memory)
-    stages = []
+    stages: list[dict[str, Any]] = []
     for sp in result.plan.stages:
         sl = lat[sp.name]
         stages.append(
@@ -122,7 +170,19 @@ def plan_result_to_json(result: PlanResult) -> dict[str, Any]:
                 "peak_bytes": mem[sp.name].peak_bytes,
             }
         )
+    extra: dict[str, Any] = {}
+    if setup is not None and setup.cluster.heterogeneous:
+        from nereus.plan.hetero import placement_by_type
+
+        cl = setup.cluster
+        for st, sp in zip(stages, result.plan.stages, strict=True):
+            st["hardware"] = sorted({cl.type_name(g) for g in sp.gpus})
+        extra["types"] = [
+            {"gpu": sh.gpu.name, "vendor": sh.gpu.vendor, "gpus": len(cl.gpus_of(sh.gpu)),
+             "used_gpus": list(sh.used_gpus), "model_stages": list(sh.stages)}
+            for sh in placement_by_type(cl, result.plan)]
     return {
+        **extra,
         "feasible": True,
         "method": result.method,
         "predicted_step_s": result.predicted_step_s,

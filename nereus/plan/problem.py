@@ -135,12 +135,14 @@ def build_problem(
     pool: tuple[int, ...],
     cache: CostCache,
     layouts: Mapping[str, tuple[int, int]] | None = None,
+    workflow: Workflow | None = None,
 ) -> Problem:
     """Restrict every costed plan space to ``pool`` (and a model-stage named in ``layouts`` to
-    that (tp, pp)); ``InfeasiblePlanError`` if one is empty."""
+    that (tp, pp)); ``InfeasiblePlanError`` if one is empty. ``workflow``: the job's, or a part
+    of it (the model-stages one hardware type runs: :mod:`nereus.plan.hetero`)."""
     if not pool:
         raise InfeasiblePlanError("the GPU pool is empty")
-    workflow = setup.job.workflow
+    workflow = workflow if workflow is not None else setup.job.workflow
     capacity = memory_capacity_bytes(setup)
     levels, caps = pool_levels(pool, setup.cluster.gpus_per_node)
     spaces: list[StageSpace] = []

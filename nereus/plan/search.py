@@ -23,6 +23,7 @@ from nereus.plan.candidates import CostCache, Costed
 from nereus.plan.problem import Problem, build_problem, check_pool, no_plan_reason, step_s
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
+from nereus.spec.workflow import Workflow
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -62,6 +63,7 @@ def search_plan(
     time_limit_s: float = 60.0,
     cache: CostCache | None = None,
     layouts: Mapping[str, tuple[int, int]] | None = None,
+    workflow: Workflow | None = None,
 ) -> PlanResult:
     """The plan minimizing the predicted step time on ``pool`` (default: the whole cluster).
 
@@ -71,7 +73,16 @@ def search_plan(
     ``time_limit_s`` bounds the references only: the MILP solver's time cap, and the exhaustive
     enumeration's work (``exhaustive.VISITS_PER_SECOND`` combinations per second, no clock). Raises
     ``InfeasiblePlanError`` naming the tightest constraint when no plan fits.
+
+    On a cluster of several hardware types (``ClusterSpec.heterogeneous``) the vendor-aware
+    search of :mod:`nereus.plan.hetero` answers (``cache`` unused there: each call costs every
+    type's tables afresh, about 1 s at 128 GPUs of two types). ``workflow``: plan only this part
+    of the job's workflow (that search's per-type parts).
     """
+    if setup.cluster.heterogeneous:
+        from nereus.plan import hetero  # it plans each type's part through this function
+
+        return hetero.search_mixed(setup, calib, pool, method, time_limit_s, layouts)
     if method not in METHODS:
         raise ConfigError("method", method, f"must be one of {', '.join(METHODS)}")
     if not time_limit_s > 0:
@@ -79,7 +90,7 @@ def search_plan(
     calib = calib if calib is not None else default_calibration()
     pool_t = check_pool(setup, pool)
     problem = build_problem(
-        setup, calib, pool_t, cache if cache is not None else CostCache(), layouts
+        setup, calib, pool_t, cache if cache is not None else CostCache(), layouts, workflow
     )
     capacity = problem.capacity_bytes
     for _ in range(MAX_FALLBACKS):

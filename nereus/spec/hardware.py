@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from nereus.errors import ConfigError
+
 
 class OpClass(str, Enum):
     """Operation classes with one calibrated efficiency each (DESIGN.md §3)."""
@@ -80,11 +82,29 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 }
 
 
+# The host transport's link class (DESIGN.md §4 *Transports*): device tensors staged through
+# pinned host buffers (≈55 GB/s measured on the H200) and sent by gloo over TCP between nodes —
+# the pairs NCCL and RCCL cannot join (different vendors). Assumed: one 100 Gb/s TCP path per GPU
+# pair, 12.5 GB/s; ``cluster.host_gbps`` sets it.
+DEFAULT_HOST_GBPS = 12.5
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``count`` consecutive nodes with one kind of hardware (``gpu``: vendor, model, memory, links)."""
+
+    count: int
+    gpu: GpuSpec
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A homogeneous cluster: ``nodes`` nodes of ``gpus_per_node`` devices of one kind.
+    """The cluster: ``nodes`` nodes of ``gpus_per_node`` devices each.
 
-    GPU ids are global: ``gpu_id = node * gpus_per_node + local_index``.
+    GPU ids are global: ``gpu_id = node * gpus_per_node + local_index``. Homogeneous (``groups``
+    empty): every node has ``gpu``. Heterogeneous (:meth:`mixed`): ``groups`` gives the hardware
+    of the nodes in node order, and ``gpu`` is that of node 0 (per-node hardware: :meth:`gpu_of`,
+    :meth:`node_gpu`; one hardware type's view: :meth:`typed`).
     """
 
     nodes: int
@@ -96,6 +116,42 @@ class ClusterSpec:
     host_cores: int = 0
     hosts: int = 1
     busy_gpus: int = 0
+    groups: tuple[NodeGroup, ...] = ()
+    host_gbps: float = DEFAULT_HOST_GBPS  # the host transport's bandwidth per GPU pair, GB/s
+
+    @staticmethod
+    def mixed(groups: tuple[NodeGroup, ...], gpus_per_node: int,
+              host_gbps: float = DEFAULT_HOST_GBPS) -> ClusterSpec:
+        """A cluster of node groups (a single hardware type gives the homogeneous spec).
+
+        Hardware types are told apart by name: two groups of one name have one GpuSpec."""
+        if not groups or any(g.count < 1 for g in groups):
+            raise ConfigError("cluster.nodes", len(groups),
+                              "needs node groups of at least one node each")
+        named: dict[str, GpuSpec] = {}
+        for i, g in enumerate(groups):
+            if named.setdefault(g.gpu.name, g.gpu) != g.gpu:
+                raise ConfigError(f"cluster.nodes[{i}].gpu", g.gpu.name,
+                                  "differs from an earlier group of that name (other memory or "
+                                  "links): give it a name of its own")
+        nodes = sum(g.count for g in groups)
+        if len(named) == 1:
+            return ClusterSpec(nodes, gpus_per_node, groups[0].gpu, host_gbps=host_gbps)
+        return ClusterSpec(nodes, gpus_per_node, groups[0].gpu, groups=groups,
+                           host_gbps=host_gbps)
+
+    @staticmethod
+    def of_nodes(node_gpus: tuple[GpuSpec, ...], gpus_per_node: int,
+                 host_gbps: float = DEFAULT_HOST_GBPS) -> ClusterSpec:
+        """The cluster whose node ``i`` has ``node_gpus[i]`` (what rank 0 gathers from every
+        node's inventory at start, in node order): consecutive nodes of one kind form a group."""
+        groups: list[NodeGroup] = []
+        for gpu in node_gpus:
+            if groups and groups[-1].gpu == gpu:
+                groups[-1] = NodeGroup(groups[-1].count + 1, gpu)
+            else:
+                groups.append(NodeGroup(1, gpu))
+        return ClusterSpec.mixed(tuple(groups), gpus_per_node, host_gbps)
 
     @property
     def num_gpus(self) -> int:
@@ -115,3 +171,70 @@ class ClusterSpec:
 
     def all_gpus(self) -> tuple[int, ...]:
         return tuple(range(self.num_gpus))
+
+    # ---------------------------------------------------------------- per-node hardware
+    @property
+    def heterogeneous(self) -> bool:
+        return len(self.types) > 1
+
+    @property
+    def types(self) -> tuple[GpuSpec, ...]:
+        """The hardware types, in order of their first node."""
+        if not self.groups:
+            return (self.gpu,)
+        out: list[GpuSpec] = []
+        for g in self.groups:
+            if g.gpu not in out:
+                out.append(g.gpu)
+        return tuple(out)
+
+    def node_gpu(self, node: int) -> GpuSpec:
+        """The hardware of ``node``."""
+        first = 0
+        for g in self.groups:
+            if node < first + g.count:
+                return g.gpu
+            first += g.count
+        return self.gpu
+
+    def gpu_of(self, gpu_id: int) -> GpuSpec:
+        """The hardware of GPU ``gpu_id``."""
+        return self.node_gpu(gpu_id // self.gpus_per_node) if self.groups else self.gpu
+
+    def type_name(self, gpu_id: int) -> str:
+        return self.gpu_of(gpu_id).name
+
+    def gpus_of(self, gpu: GpuSpec) -> tuple[int, ...]:
+        """Every GPU id whose node has ``gpu``."""
+        if not self.groups:
+            return self.all_gpus() if gpu == self.gpu else ()
+        out: list[int] = []
+        first = 0
+        for g in self.groups:
+            if g.gpu == gpu:
+                out.extend(range(first * self.gpus_per_node,
+                                 (first + g.count) * self.gpus_per_node))
+            first += g.count
+        return tuple(out)
+
+    def typed(self, gpu: GpuSpec) -> ClusterSpec:
+        """A homogeneous view of the cluster as if every node had ``gpu`` (same node grid and GPU
+        ids): what costs the units placed on that type's GPUs."""
+        return ClusterSpec(self.nodes, self.gpus_per_node, gpu, self.host_cores, self.hosts,
+                           self.busy_gpus, (), self.host_gbps)
+
+    def same_transport(self, a: int, b: int) -> bool:
+        """Whether GPUs ``a`` and ``b`` can share a device communicator (NCCL or RCCL): the same
+        vendor, and not CPU ranks (those always use the host transport anyway)."""
+        return self.gpu_of(a).vendor == self.gpu_of(b).vendor
+
+    def pair_gbps(self, a: int, b: int) -> float:
+        """Nominal GB/s of a transfer from GPU ``a`` to GPU ``b``: the intra-node link inside a
+        node, the inter-node link (the slower end's) between nodes of one vendor, and the host
+        transport's link class between vendors."""
+        ga, gb = self.gpu_of(a), self.gpu_of(b)
+        if a // self.gpus_per_node == b // self.gpus_per_node:
+            return ga.intra_node_gbps
+        if ga.vendor != gb.vendor:
+            return self.host_gbps
+        return min(ga.inter_node_gbps, gb.inter_node_gbps)

@@ -11,16 +11,25 @@ process group is created by every rank of the job in the same order, so the buil
 or fixed cost (:func:`rates`); with one, the figures fitted from measured transitions
 (``p2p-intra`` / ``p2p-inter`` efficiencies where measured, the ``comm-setup``, ``unit-build``
 and ``transition`` fixed costs: :mod:`nereus.cost.fit`).
+
+On a cluster of several hardware types every transfer takes its own pair's link class
+(:class:`Links`): the intra-node link of its node's type, the inter-node link between nodes of
+one vendor (the slower end's), and the host transport's link class between vendors
+(``ClusterSpec.host_gbps``: NCCL and RCCL cannot talk to each other, so those pairs go through
+pinned host buffers and gloo) — :func:`transfer_links` lists every transfer of a DAG with its
+transport. The scalar :func:`rates` of such a cluster are the slowest of its classes (what the
+batched DAG's vectorized costing uses: an upper bound).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nereus.cost.calibration import Calibration
 from nereus.emu.primitives import Destroy, Extend, Merge, Primitive, Split, shard_bytes
 from nereus.emu.regions import GROUPINGS, Flow, groupings_differ
-from nereus.spec.hardware import ClusterSpec, OpClass
+from nereus.spec.hardware import ClusterSpec, GpuSpec, OpClass
 from nereus.transition.dag import TransitionDag
 
 
@@ -44,8 +53,82 @@ class TransitionRates:
         return self.setup_s
 
 
+def _type_bps(gpu: GpuSpec, calib: Calibration | None) -> tuple[float, float]:
+    """(intra, inter) bytes/s of one type's links, calibrated where ``calib`` measured them."""
+    intra, inter = gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
+    if calib is None:
+        return intra, inter
+    return (intra * calib.measured_efficiency(gpu, OpClass.P2P_INTRA, 1.0),
+            inter * calib.measured_efficiency(gpu, OpClass.P2P_INTER, 1.0))
+
+
+class Links:
+    """Bytes/s of a transfer from one GPU to another: per link class on a mixed cluster (module
+    docstring), intra- or inter-node on one type (as :func:`rates` gives them)."""
+
+    def __init__(self, cluster: ClusterSpec, calib: Calibration | None = None) -> None:
+        r = rates(cluster, calib)
+        self.gpn = cluster.gpus_per_node
+        self.intra, self.inter = r.intra_bps, r.inter_bps
+        self.mixed = cluster.heterogeneous
+        self._cluster = cluster
+        self._by_type = {t.name: _type_bps(t, calib) for t in cluster.types}
+
+    def bps(self, a: int, b: int) -> float:
+        if not self.mixed:
+            return self.intra if a // self.gpn == b // self.gpn else self.inter
+        cl = self._cluster
+        ta, tb = cl.gpu_of(a), cl.gpu_of(b)
+        if a // self.gpn == b // self.gpn:
+            return self._by_type[ta.name][0]
+        if ta.vendor != tb.vendor:
+            return cl.host_gbps * 1e9
+        return min(self._by_type[ta.name][1], self._by_type[tb.name][1])
+
+    def kinds(self, seq: list[int]) -> tuple[str, ...]:
+        """The hardware types along ``seq`` (part of a primitive's shape on a mixed cluster)."""
+        return tuple(self._cluster.type_name(g) for g in seq) if self.mixed else ()
+
+
+def transport_of(cluster: ClusterSpec, a: int, b: int) -> str:
+    """``device`` (NCCL / RCCL) or ``host`` (pinned buffers + gloo) between two GPUs: ``host``
+    between vendors and for CPU ranks, as :func:`nereus.cluster.transport.pair_transport`
+    decides for placed ranks."""
+    ga, gb = cluster.gpu_of(a), cluster.gpu_of(b)
+    return "host" if ga.vendor != gb.vendor or ga.vendor == "cpu" else "device"
+
+
+def transfer_links(dag: TransitionDag, cluster: ClusterSpec, calib: Calibration | None = None
+                   ) -> list[tuple[int, int, int, str, float]]:
+    """Every transfer of ``dag``: (primitive index, source GPU, destination GPU, transport,
+    bytes/s it is costed at)."""
+    links = Links(cluster, calib)
+    out = []
+    for i, p in enumerate(dag.primitives):
+        if isinstance(p, Destroy):
+            continue
+        for src, dst, _ in p.flows:
+            out.append((i, src, dst, transport_of(cluster, src, dst), links.bps(src, dst)))
+    return out
+
+
 def rates(cluster: ClusterSpec, calib: Calibration | None = None) -> TransitionRates:
-    """The cluster's transition rates, calibrated where ``calib`` measured them."""
+    """The cluster's transition rates, calibrated where ``calib`` measured them (a mixed
+    cluster: the slowest link of each kind and the slowest set-up)."""
+    if cluster.heterogeneous:
+        types = cluster.types
+        bps = [_type_bps(t, calib) for t in types]
+        inter = min(b[1] for b in bps)
+        if len({t.vendor for t in types}) > 1:
+            inter = min(inter, cluster.host_gbps * 1e9)
+        if calib is None:
+            return TransitionRates(cluster.gpus_per_node, min(b[0] for b in bps), inter,
+                                   max(t.comm_setup_s for t in types), 0.0, 0.0)
+        return TransitionRates(
+            cluster.gpus_per_node, min(b[0] for b in bps), inter,
+            max(calib.fixed_s(t, "comm-setup") for t in types),
+            max(calib.fixed_s(t, "unit-build") for t in types),
+            max(calib.fixed_s(t, "transition") for t in types))
     gpu = cluster.gpu
     intra, inter = gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
     if calib is None:
@@ -63,17 +146,17 @@ def rates(cluster: ClusterSpec, calib: Calibration | None = None) -> TransitionR
 Shape = tuple[object, ...]
 
 
-def _busiest_s(flows: tuple[Flow, ...], gpn: int, intra: float, inter: float) -> float:
+def _busiest_s(flows: tuple[Flow, ...], bps: Callable[[int, int], float]) -> float:
     send: dict[int, float] = {}
     recv: dict[int, float] = {}
     for src, dst, nbytes in flows:
-        s = nbytes / (intra if src // gpn == dst // gpn else inter)
+        s = nbytes / bps(src, dst)
         send[src] = send.get(src, 0.0) + s
         recv[dst] = recv.get(dst, 0.0) + s
     return max([*send.values(), *recv.values(), 0.0])
 
 
-def _shape(p: Primitive, gpn: int) -> Shape:
+def _shape(p: Primitive, gpn: int, kinds: Callable[[list[int]], tuple[str, ...]]) -> Shape:
     if isinstance(p, Merge):
         head: tuple[object, ...] = ("merge", p.srcs[0].layout.tp, p.srcs[0].layout.pp,
                                     p.into.layout.tp, p.into.layout.pp, p.grouping, p.state_bytes,
@@ -88,17 +171,21 @@ def _shape(p: Primitive, gpn: int) -> Shape:
     ids: dict[int, int] = {}
     nodes: dict[int, int] = {}
     return (*head, tuple(ids.setdefault(g, len(ids)) for g in seq),
-            tuple(nodes.setdefault(g // gpn, len(nodes)) for g in seq))
+            tuple(nodes.setdefault(g // gpn, len(nodes)) for g in seq), kinds(seq))
 
 
-def _duration_s(p: Primitive, gpn: int, intra: float, inter: float, setup_s: float,
+def _duration_s(p: Primitive, links: Links, setup_s: float,
                 cache: dict[Shape, float] | None) -> float:
+    gpn, bps = links.gpn, links.bps
     if isinstance(p, Destroy):
         return p.comm_groups * setup_s  # local teardown: no transfers
     if isinstance(p, Extend):  # one shard per rank pair, all pairs at once
         sb = shard_bytes(p.state_bytes, p.src.layout, p.replicated_bytes)
-        cross = any(a // gpn != b // gpn for a, b in zip(p.src.gpus, p.new.gpus, strict=True))
-        return p.comm_groups * setup_s + sb / (inter if cross else intra)
+        pairs = zip(p.src.gpus, p.new.gpus, strict=True)
+        if links.mixed:
+            return p.comm_groups * setup_s + max(sb / bps(a, b) for a, b in pairs)
+        cross = any(a // gpn != b // gpn for a, b in pairs)
+        return p.comm_groups * setup_s + sb / (links.inter if cross else links.intra)
     if isinstance(p, Split):
         lay, sub = p.src.layout, p.into[0].layout
         gpus = p.src.gpus
@@ -107,24 +194,24 @@ def _duration_s(p: Primitive, gpn: int, intra: float, inter: float, setup_s: flo
             # one node, position-wise all-gather: every GPU sends its shard to the k-1 others
             # of its block and receives as many, whatever the arrangement of the sub-units
             k = lay.size // sub.size
-            return setup_s + (k - 1) * round(p.state_bytes / lay.size) / intra
+            return setup_s + (k - 1) * round(p.state_bytes / lay.size) / bps(gpus[0], gpus[0])
     elif isinstance(p, Merge):
         gpus = p.into.gpus
         if min(gpus) // gpn == max(gpus) // gpn:  # one node: its (cached) flows directly
-            return p.comm_groups * setup_s + _busiest_s(p.flows, gpn, intra, inter)
+            return p.comm_groups * setup_s + _busiest_s(p.flows, bps)
     if cache is None:
-        return p.comm_groups * setup_s + _busiest_s(p.flows, gpn, intra, inter)
-    key = _shape(p, gpn)
+        return p.comm_groups * setup_s + _busiest_s(p.flows, bps)
+    key = _shape(p, gpn, links.kinds)
     got = cache.get(key)
     if got is None:
-        got = cache[key] = p.comm_groups * setup_s + _busiest_s(p.flows, gpn, intra, inter)
+        got = cache[key] = p.comm_groups * setup_s + _busiest_s(p.flows, bps)
     return got
 
 
 def primitive_duration_s(p: Primitive, cluster: ClusterSpec,
                          calib: Calibration | None = None) -> float:
     r = rates(cluster, calib)
-    return _duration_s(p, r.gpus_per_node, r.intra_bps, r.inter_bps, r.primitive_s, None)
+    return _duration_s(p, Links(cluster, calib), r.primitive_s, None)
 
 
 def durations_s(dag: TransitionDag, cluster: ClusterSpec,
@@ -133,9 +220,9 @@ def durations_s(dag: TransitionDag, cluster: ClusterSpec,
     communicator groups' set-up: one group for those that make units, which also build them —
     ``primitive_s`` — none for a Destroy.)"""
     r = rates(cluster, calib)
+    links = Links(cluster, calib)
     cache: dict[Shape, float] = {}
-    return [_duration_s(p, r.gpus_per_node, r.intra_bps, r.inter_bps, r.primitive_s, cache)
-            for p in dag.primitives]
+    return [_duration_s(p, links, r.primitive_s, cache) for p in dag.primitives]
 
 
 def critical_path_s(dag: TransitionDag, durations: list[float]) -> float:
@@ -183,7 +270,7 @@ def path_features(dag: TransitionDag, cluster: ClusterSpec, calib: Calibration |
     ``p2p-inter``, by whether the primitive's flows cross nodes — and ``comm-setup`` per
     primitive along the critical path under ``calib``; ``unit-build`` per primitive that makes
     units in the whole DAG; one ``transition``)."""
-    nominal = rates(cluster, None)
+    nominal = Links(cluster, None)
     ideal = {OpClass.P2P_INTRA.value: 0.0, OpClass.P2P_INTER.value: 0.0}
     counts = {"comm-setup": 0.0, "transition": 1.0,
               "unit-build": float(sum(not isinstance(p, Destroy) for p in dag.primitives))}
@@ -194,6 +281,6 @@ def path_features(dag: TransitionDag, cluster: ClusterSpec, calib: Calibration |
             continue
         counts["comm-setup"] += p.comm_groups
         cross = any(a // gpn != b // gpn for a, b, _ in p.flows)
-        transfer = _duration_s(p, gpn, nominal.intra_bps, nominal.inter_bps, 0.0, None)
+        transfer = _duration_s(p, nominal, 0.0, None)
         ideal[(OpClass.P2P_INTER if cross else OpClass.P2P_INTRA).value] += transfer
     return ideal, counts

@@ -79,6 +79,10 @@ class PlannedTransition:
 
 def _planned(batched: BatchedDag | None, reference: TransitionDag | None,
              cluster: ClusterSpec, calib: Calibration | None) -> PlannedTransition:
+    if batched is not None and cluster.heterogeneous:
+        # per-pair link classes (the host transport between vendors): cost the expanded DAG
+        return PlannedTransition(transition_cost_s(expand(batched), cluster, calib),
+                                 batched=batched)
     if batched is not None:
         path_s = longest_path(batched.topo, durations(batched.blocks, batched.n, cluster, calib))
         r = rates(cluster, calib)
@@ -174,6 +178,10 @@ def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
                   if not any(alive is None or alive.issuperset(r) for r in sp.replicas))
     if lost:
         raise TransitionError(f"every replica of {', '.join(lost)} was lost")
+    cl = setup.cluster
+    capacity: int | dict[int, int] = cl.gpu.memory_bytes
+    if cl.heterogeneous:  # each GPU its own type's memory
+        capacity = {g: cl.gpu_of(g).memory_bytes for g in cl.all_gpus()}
     return plan_plans(current, target, stage_states(setup), sizer, setup.cluster,
-                      capacity_bytes=setup.cluster.gpu.memory_bytes, conflicts=wf.concurrent,
+                      capacity_bytes=capacity, conflicts=wf.concurrent,
                       replicated=replicated, alive=alive, calib=calib)
