@@ -45,7 +45,8 @@ WORLD = 8
 # receive buffers of strided halves and the heap's fragmentation a rank's heap reached ~1.75 GB
 # (a 1.6 GB reserve was exceeded: RSS grew past it and the Split paid page faults, 1.25-1.40 s
 # of transfer instead of 0.90-1.05 s in a probe of that row alone). The peak RSS is reported.
-DEVICE_BYTES = 2_000_000_000
+# (RESHARDING_DEVICE_BYTES overrides it: a smaller reserve for a quick run of a small model.)
+DEVICE_BYTES = int(os.environ.get("RESHARDING_DEVICE_BYTES", 2_000_000_000))
 
 
 def _free_port() -> int:
