@@ -2,18 +2,23 @@
 
 A Megatron-core GPTModel (default ``medium-gpt``: 82.6 M parameters, 248 M values with Adam)
 over 8 CPU ranks. Per transition: bytes moved against the minimum (bytes whose owner changes),
-seconds of the live transition (building the target Megatron models included) against
-checkpoint/restart (torch DCP save in the running job + a fresh launch of 8 processes that
-import, initialise, build the target layout and load), and the achieved transfer bandwidth
-against the gloo point-to-point bandwidth (one pair; the median of measurements at the start
-and right before every row).
+seconds of the live transition (building the target Megatron models included) against two
+checkpoint/restarts — *cold*: torch DCP save in the running job + a fresh launch of 8 processes
+that import, initialise, build the target layout and load; *warm*: the same save + building the
+target layout and loading the checkpoint in processes that are already running (no start-up) —
+and the achieved transfer bandwidth against the aggregate bandwidth of the same directed pairs
+of ranks sending at once (measured right before the row: every pair the row's transfer plans
+use sends 128 MiB concurrently, best of 3), the ceiling of that row's traffic pattern. The
+one-pair bandwidth (the median of measurements at the start and before every row) is kept as
+a second reference ("1-pair").
 
 The bandwidth counts the bytes moved over the network seconds: from posting the transfers to
 the last one completed (strided halves unpacked included). On these CPU ranks the moves inside
 a rank (Split's own half) run after that, as :func:`nereus.runtime.execution.torch_executor.execute_plan` does
 on CPU; "+local" is the fraction with them included (on a GPU they run beside the transfers,
 in device memory). ``--json`` rows: transition, bytes_moved, bytes_min, seconds,
-restart_seconds, p2p_fraction, p2p_gbps, transfer_seconds, network_seconds.
+restart_seconds (cold), warm_restart_seconds, pairs, pairs_gbps, p2p_fraction (against
+pairs_gbps), one_pair_fraction, p2p_gbps, transfer_seconds, network_seconds.
 
 DeepSpeed rows (``benchmarks/zero_rows.py``, when the deepspeed package imports): a ZeRO unit's
 live DP change 2→4 and 4→2 on 4 ranks against DeepSpeed's Universal Checkpoint restart
@@ -46,7 +51,8 @@ WORLD = 8
 # receive buffers of strided halves and the heap's fragmentation a rank's heap reached ~1.75 GB
 # (a 1.6 GB reserve was exceeded: RSS grew past it and the Split paid page faults, 1.25-1.40 s
 # of transfer instead of 0.90-1.05 s in a probe of that row alone). The peak RSS is reported.
-DEVICE_BYTES = 2_000_000_000
+# (RESHARDING_DEVICE_BYTES overrides it: a smaller reserve for a quick run of a small model.)
+DEVICE_BYTES = int(os.environ.get("RESHARDING_DEVICE_BYTES", 2_000_000_000))
 
 
 def _free_port() -> int:
@@ -171,6 +177,45 @@ def _p2p_pairs(rank: int, store: Any, n_values: int) -> float:
     return best
 
 
+def row_pairs(plans: list[Any]) -> list[tuple[int, int]]:
+    """The directed GPU pairs a row's transfer plans send bytes over (local copies excluded)."""
+    return sorted({(m.src_gpu, m.dst_gpu) for plan in plans for m in plan.moves
+                   if m.src_gpu != m.dst_gpu})
+
+
+def _pairs_p2p(rank: int, store: Any, pairs: list[tuple[int, int]], n_values: int,
+               tag: str) -> float:
+    """Seconds (best of 3, barrier to barrier) for every directed pair of ``pairs`` to send
+    ``n_values`` fp32 at once: the ceiling a row moving bytes over these pairs can reach."""
+    import torch
+    import torch.distributed as dist
+
+    from nereus.runtime.execution.groups import transition_group
+
+    best = float("inf")
+    mine = [(a, b) for a, b in pairs if rank in (a, b)]
+    for i in range(3):
+        groups = {}
+        for a, b in sorted({(min(p), max(p)) for p in mine}):
+            groups[(a, b)] = transition_group(store, f"agg{tag}{i}-{a}-{b}", (a, b), rank, 120.0)
+        bufs = [(a, b, torch.full((n_values,), float(rank))) for a, b in mine]
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = []
+        for a, b, buf in bufs:
+            g = groups[(min(a, b), max(a, b))]
+            direction = 0 if a < b else 1  # both directions of a pair share its group
+            if rank == a:
+                works.append(g.pg.send([buf], g.group_rank(b), direction))
+            else:
+                works.append(g.pg.recv([buf], g.group_rank(a), direction))
+        for w in works:
+            w.wait()
+        dist.barrier()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def _timed(ex: Any, fn: Any) -> tuple[float, float, float]:
     """Live seconds of ``fn``; its transfer seconds (local copies included) and network
     seconds (until the last transfer completed) on this rank."""
@@ -228,9 +273,13 @@ def bench(rank: int, store: Any, model: str, ckpt_root: str) -> dict[str, Any]:
         os.sync()
         # the one-pair bandwidth right before the row (the run's figure: the median of these)
         p2p_s = _p2p(rank, store, 32 * 2**20, f"row{len(out['rows'])}-")
+        pairs = row_pairs([ex.plan_of(op) for op in ops if not isinstance(op, Destroy)])
+        pairs_s = _pairs_p2p(rank, store, pairs, 32 * 2**20, f"row{len(out['rows'])}-") \
+            if pairs else 0.0
         seconds, transfer_s, network_s = _timed(ex, run)
         out["rows"].append({"transition": name, "save_s": save_s, "seconds": seconds,
                             "transfer_s": transfer_s, "network_s": network_s, "p2p_s": p2p_s,
+                            "pairs": pairs, "pairs_s": pairs_s,
                             "bytes_moved": sum(ex.plan_of(op).bytes_moved for op in ops
                                                if not isinstance(op, Destroy)),
                             "bytes_min": sum(ex.plan_of(op).bytes_min for op in ops
@@ -331,6 +380,38 @@ def restart(rank: int, store: Any, model: str, path: str, targets: list[Any]) ->
     return {"build_s": build_s, "load_s": time.perf_counter() - t1}
 
 
+def warm_restarts(rank: int, store: Any, model: str, rows: list[tuple[str, list[Any]]]
+                  ) -> list[dict[str, float]]:
+    """The restart without process start-up: in processes already running (with the same
+    device reserve as the live job), per row build the target layout (no random init) and load
+    its checkpoint with DCP (:func:`~nereus.runtime.execution.dcp_restart.load_units`)."""
+    import torch.distributed as dist
+
+    from nereus.runtime.execution.dcp_restart import load_units
+    from nereus.runtime.execution.torch_executor import TorchExecutor
+    from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
+    from nereus.spec.model import MODEL_PRESETS
+
+    if retain_freed_memory():
+        reserve(DEVICE_BYTES)
+    ex = TorchExecutor(MODEL_PRESETS[model], rank, store, "warm", timeout_s=600.0)
+    out = []
+    for path, targets in rows:
+        ex.units.clear()
+        _trim()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for u in targets:
+            ex.create(u, initialize=False)
+        build_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        load_units(path, list(ex.units.values()))
+        dist.barrier()
+        out.append({"build_s": build_s, "load_s": time.perf_counter() - t1,
+                    "seconds": time.perf_counter() - t0})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -357,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         first_gbps = p2p_bytes / max(r["p2p_s"] for r in results[:2]) / 1e9
         p2p_gbps = statistics.median([first_gbps, *row_gbps])
         pairs_gbps = 4 * p2p_bytes / max(r["pairs_s"] for r in results) / 1e9
+        warm, _ = _launch("warm_restarts", args.model,
+                          [(r["path"], r["targets"]) for r in res0["rows"]])
         rows = []
         for i, r in enumerate(res0["rows"]):
             per_rank = [res["rows"][i] for res in results]
@@ -366,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
             save_s = max(x["save_s"] for x in per_rank)
             timings, launch_s = _launch("restart", args.model, r["path"], r["targets"])
             restart_s = save_s + launch_s
+            warm_s = save_s + max(w[i]["seconds"] for w in warm)
+            # the ceiling of this row: the same directed pairs sending at once (best of 3)
+            npairs = len(r["pairs"])
+            agg_s = max(x["pairs_s"] for x in per_rank)
+            agg_gbps = npairs * p2p_bytes / agg_s / 1e9 if npairs and agg_s else 0.0
             moved = r["bytes_moved"]
             achieved = moved / network_s / 1e9 if moved and network_s else 0.0
             with_local = moved / transfer_s / 1e9 if moved and transfer_s else 0.0
@@ -373,11 +461,15 @@ def main(argv: list[str] | None = None) -> int:
                 "transition": r["transition"], "bytes_moved": moved,
                 "bytes_min": r["bytes_min"], "seconds": round(seconds, 3),
                 "restart_seconds": round(restart_s, 3),
-                "p2p_fraction": round(achieved / p2p_gbps, 3) if moved else None,
+                "warm_restart_seconds": round(warm_s, 3),
+                "pairs": npairs, "pairs_gbps": round(agg_gbps, 3),
+                "p2p_fraction": round(achieved / agg_gbps, 3) if moved and agg_gbps else None,
+                "one_pair_fraction": round(achieved / p2p_gbps, 3) if moved else None,
                 "p2p_gbps": round(row_gbps[i], 3),
                 "transfer_seconds": round(transfer_s, 3), "network_seconds": round(network_s, 3),
                 "_save_s": save_s, "_load_s": max(t["load_s"] for t in timings),
-                "_with_local": with_local / p2p_gbps if moved else None,
+                "_with_local": with_local / agg_gbps if moved and agg_gbps else None,
+                "_warm_load_s": max(w[i]["load_s"] for w in warm),
                 "_pairs_fraction": achieved / pairs_gbps if moved else None,
             })
         mode_results, _ = _launch("split_modes", args.model)
@@ -411,17 +503,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{start_rss / 1e9:.2f} GB after the reserve, {peak_rss / 1e9:.2f} GB at the end "
           f"(grew {(peak_rss - start_rss) / 1e9:.2f} GB past the reserve on some rank)",
           file=table)
-    print(f"{'transition':28} {'moved MB':>9} {'min MB':>8} {'live s':>7} {'restart s':>9} "
-          f"{'speedup':>8} {'p2p GB/s':>8} {'p2p frac':>8} {'+local':>6} {'4-pair':>6}  "
-          "(save s / load s / transfer s / network s)", file=table)
+    print(f"{'transition':28} {'moved MB':>9} {'min MB':>8} {'live s':>7} {'cold s':>7} "
+          f"{'speedup':>8} {'warm s':>7} {'speedup':>8} {'pairs':>5} {'agg GB/s':>8} "
+          f"{'p2p frac':>8} {'+local':>6} {'1-pair':>6}  "
+          "(save s / cold load s / warm load s / transfer s / network s)", file=table)
     for r in rows:
         frac = "-" if r["p2p_fraction"] is None else f"{r['p2p_fraction']:.2f}"
         local = "-" if r["_with_local"] is None else f"{r['_with_local']:.2f}"
-        frac4 = "-" if r["_pairs_fraction"] is None else f"{r['_pairs_fraction']:.2f}"
+        one = "-" if r["one_pair_fraction"] is None else f"{r['one_pair_fraction']:.2f}"
         print(f"{r['transition']:28} {r['bytes_moved'] / 1e6:9.1f} {r['bytes_min'] / 1e6:8.1f} "
-              f"{r['seconds']:7.2f} {r['restart_seconds']:9.2f} "
-              f"{r['restart_seconds'] / r['seconds']:7.1f}x {r['p2p_gbps']:8.2f} {frac:>8} "
-              f"{local:>6} {frac4:>6}  ({r['_save_s']:.2f} / {r['_load_s']:.2f} / "
+              f"{r['seconds']:7.2f} {r['restart_seconds']:7.2f} "
+              f"{r['restart_seconds'] / r['seconds']:7.1f}x {r['warm_restart_seconds']:7.2f} "
+              f"{r['warm_restart_seconds'] / r['seconds']:7.1f}x {r['pairs']:5d} "
+              f"{r['pairs_gbps']:8.2f} {frac:>8} {local:>6} {one:>6}  "
+              f"({r['_save_s']:.2f} / {r['_load_s']:.2f} / {r['_warm_load_s']:.2f} / "
               f"{r['transfer_seconds']:.2f} / {r['network_seconds']:.2f})", file=table)
     split_bytes = next(r["bytes_moved"] for r in rows if r["transition"].startswith("Split"))
     for name, d in modes.items():

@@ -11,7 +11,9 @@ The public entry is :func:`plan_transition` (the one function the controller cal
   ``residency.py`` (co-residency and the per-GPU memory bound), ``phases.py`` (worst-case bytes
   over every execution), ``cost.py`` (L̂_tran), ``validate.py``, ``schedule.py`` (one scheduler
   for simulated and real execution), ``wire.py`` (the DAG as plain data for the control plane),
-  ``baselines.py`` (per-component migration and an exact scheduler).
+  ``baselines.py`` (per-component migration), ``semantics.py`` (the rules every schedule of
+  the primitives obeys), ``exact.py`` (the exact scheduler under those rules only),
+  ``reachable.py`` (a proof that no transition exists).
 
 The primitives themselves are :mod:`nereus.emu.primitives`.
 """

@@ -1,4 +1,4 @@
-"""Baselines in the same harness: per-component migration and an exact (MILP) scheduler.
+"""The per-component migration baseline in the same harness (the exact scheduler is :mod:`exact`).
 
 Per-component (DynaRL-style): every model-stage runs its own local DAG alone — no resource edges,
 no global order. Its controller starts at its launch time and runs its primitives one at a time in
@@ -6,11 +6,9 @@ an order of its own (a random linear extension of its local DAG); an Extend acqu
 GPUs one by one as they become free and holds them while it waits for the rest (hold-and-wait).
 Components that wait on each other never progress: the run fails at the timeout.
 
-Exact: the same primitives with the same forced precedences (data, same-model and cross-model GPU
-release) as a MILP minimizing the makespan, with no two primitives that touch one GPU
-overlapping (co-resident model-stages of the DAG's conflict relation excepted); only the order of
-Extends that read one source is left free. Solved by ``scipy.optimize.milp`` (HiGHS) under a time
-cap.
+Its plan is its own: :func:`per_component_dag` compiles each model-stage's migration alone, as
+if no other model-stage existed (no GPU another one holds is known to it, no resource edge), and
+puts the local DAGs side by side; nothing of our global compiler is consulted.
 """
 
 from __future__ import annotations
@@ -20,8 +18,11 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nereus.emu.primitives import Destroy, Extend, produced
+from nereus.emu.primitives import Destroy, Extend, StateSizer, produced
+from nereus.emu.unit import Emu
+from nereus.errors import TransitionError
 from nereus.transition.dag import TransitionDag
+from nereus.transition.reference.compile import compile_transition
 
 
 @dataclass(frozen=True)
@@ -127,88 +128,35 @@ def per_component_simulate(
                        "deadlock: " + ", ".join(sorted(waiting)) + " hold GPUs and wait")
 
 
-@dataclass(frozen=True)
-class ExactSchedule:
-    makespan_s: float  # nan when no schedule was found in time
-    optimal: bool
-    status: str
-
-
-def exact_makespan(
-    dag: TransitionDag, durations_s: Sequence[float], *, time_limit_s: float = 10.0
-) -> ExactSchedule:
-    """Minimum makespan of the DAG's primitives by MILP (scipy/HiGHS), time-capped."""
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
-
-    n = len(dag.primitives)
-    excl = dag.exclusion
-    forced = [(a, b) for a, b, k in dag.edges if k != "order"]
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for a, b in forced:
-        preds[b].append(a)
-    # ancestors over the forced edges, in the DAG's topological order
-    anc = [0] * n
-    for i in dag.order:
-        acc = 0
-        for j in preds[i]:
-            acc |= anc[j] | (1 << j)
-        anc[i] = acc
-    touching: dict[int, list[int]] = {}
-    for i, prim in enumerate(dag.primitives):
-        for g in prim.busy_gpus:
-            touching.setdefault(g, []).append(i)
-    pairs: set[tuple[int, int]] = set()
-    for idxs in touching.values():
-        for x in range(len(idxs)):
-            for y in range(x + 1, len(idxs)):
-                a, b = idxs[x], idxs[y]
-                if not (anc[b] >> a) & 1 and not (anc[a] >> b) & 1 and excl.exclusive(
-                        dag.primitives[a].model_stage, dag.primitives[b].model_stage):
-                    pairs.add((min(a, b), max(a, b)))
-    pair_list = sorted(pairs)
-    d = np.asarray(durations_s, dtype=float) * 1e3  # milliseconds: better scaled for HiGHS
-    big = float(d.sum()) + 1.0
-    nv = n + 1 + len(pair_list)  # starts, makespan, one binary per free pair
-    rows: list[dict[int, float]] = []
-    lo: list[float] = []
-    for a, b in forced:  # S_b - S_a >= d_a
-        rows.append({b: 1.0, a: -1.0})
-        lo.append(d[a])
-    for i in range(n):  # C - S_i >= d_i
-        rows.append({n: 1.0, i: -1.0})
-        lo.append(d[i])
-    for k, (a, b) in enumerate(pair_list):
-        y = n + 1 + k
-        rows.append({b: 1.0, a: -1.0, y: -big})  # y=1: a before b
-        lo.append(d[a] - big)
-        rows.append({a: 1.0, b: -1.0, y: big})  # y=0: b before a
-        lo.append(d[b])
-    ri: list[int] = []
-    ci: list[int] = []
-    vals: list[float] = []
-    for r, row in enumerate(rows):
-        for c, v in row.items():
-            ri.append(r)
-            ci.append(c)
-            vals.append(v)
-    mat = coo_matrix((vals, (ri, ci)), shape=(len(rows), nv)).tocsr()
-    cost = np.zeros(nv)
-    cost[n] = 1.0
-    integrality = np.zeros(nv)
-    integrality[n + 1:] = 1
-    ub = np.full(nv, big)
-    ub[n + 1:] = 1.0
-    cons = LinearConstraint(mat, np.asarray(lo), np.full(len(rows), np.inf))
-    res = None
-    for presolve in (True, False):  # HiGHS' presolve occasionally ends in a solve error
-        res = milp(cost, constraints=cons, integrality=integrality,
-                   bounds=Bounds(np.zeros(nv), ub),
-                   options={"time_limit": time_limit_s, "disp": False, "presolve": presolve})
-        if res.x is not None:
-            break
-    assert res is not None
-    if res.x is None:
-        return ExactSchedule(float("nan"), False, str(res.message))
-    return ExactSchedule(float(res.x[n]) / 1e3, res.status == 0, str(res.message))
+def per_component_dag(
+    source: Sequence[Emu],
+    target: Sequence[Emu],
+    sizer: StateSizer,
+    *,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+) -> TransitionDag:
+    """Each model-stage's migration planned alone (its source and target units only, the
+    reference compiler's local DAG with no other model-stage in view), side by side in one DAG
+    with no edge between model-stages. Raises TransitionError when some model-stage cannot plan
+    its migration even alone (e.g. every copy sits on GPUs its own target needs)."""
+    names = sorted({u.model_stage for u in source} | {v.model_stage for v in target})
+    prims: list = []
+    edges: list[tuple[int, int, str]] = []
+    order: list[int] = []
+    t_sub: list[tuple[str, int, int]] = []
+    sizes: list[tuple[str, int]] = []
+    for m in names:
+        try:
+            part = compile_transition([u for u in source if u.model_stage == m],
+                                      [v for v in target if v.model_stage == m], sizer,
+                                      capacity_bytes=capacity_bytes)
+        except TransitionError as e:
+            raise TransitionError(f"{m} alone: {e}") from e
+        off = len(prims)
+        prims += part.primitives
+        edges += [(a + off, b + off, k) for a, b, k in part.edges]
+        order += [i + off for i in part.order]
+        t_sub += part.t_sub
+        sizes += part.state_bytes
+    return TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges),
+                         tuple(order), tuple(t_sub), None, tuple(sizes))

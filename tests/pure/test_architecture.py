@@ -17,10 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PURE = ("spec", "config", "cost", "plan", "emu", "transition", "control")
 # The stated exceptions: the config loader parses YAML (DESIGN.md §5: "YAML loading and
-# validation ... pure + file read"); the exact references (an off-the-shelf MILP for plan search
-# and for transition scheduling: the ``solver`` extra) call SciPy's HiGHS inside the function.
+# validation ... pure + file read"); the exact references (the ``solver`` extra) import their
+# solver inside the function: an off-the-shelf MILP for plan search (SciPy's HiGHS) and
+# constraint programming for transition scheduling (OR-Tools CP-SAT).
 ALLOWED = {("nereus/config/load.py", "yaml"), ("nereus/plan/milp.py", "scipy"),
-           ("nereus/transition/baselines.py", "scipy")}
+           ("nereus/transition/exact.py", "ortools")}
 
 
 def _modules(*parts: str) -> list[Path]:

@@ -1,4 +1,5 @@
-"""Tier 1 (pure): transition cost, the scheduler core, the simulator and the baselines."""
+"""Tier 1 (pure): transition cost, the scheduler core, the simulator and the per-component
+baseline (the exact scheduler: tests/pure/test_transition_exact.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from nereus.emu.primitives import Destroy, Extend
 from nereus.emu.unit import Emu, Layout, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import H200, ClusterSpec
-from nereus.transition.baselines import exact_makespan, per_component_simulate
+from nereus.transition.baselines import per_component_simulate
 from nereus.transition.cost import critical_path_s, durations_s, primitive_duration_s
 from nereus.transition.reference.compile import compile_plans, compile_transition
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive, simulate
@@ -111,20 +112,6 @@ def test_per_component_deadlocks_sometimes_ours_never() -> None:
     assert any(o.success for o in outcomes)
     failed = [o for o in outcomes if not o.success]
     assert failed and all(o.time_s == 30.0 and "deadlock" in o.reason for o in failed)
-
-
-def test_exact_scheduler_never_worse_than_ours() -> None:
-    # one source replica copied to three new GPUs: the MILP may reorder the Extends
-    src = [Emu("a-inf", "a", Layout(1, 1), (0,))]
-    tgt = [Emu("a-inf", "a", Layout(1, 1), (g,)) for g in (0, 1, 4, 5)]
-    dag = compile_transition(src, tgt, lambda m: 4 * 10**9)
-    dur = durations_s(dag, CLUSTER)
-    ours = simulate(dag, dur).makespan_s
-    ex = exact_makespan(dag, dur, time_limit_s=10)
-    assert ex.optimal
-    assert ex.makespan_s <= ours + 1e-6
-    # the forced precedences alone bound it from below
-    assert ex.makespan_s >= max(dur) - 1e-9
 
 
 def test_scheduler_rejects_a_start_that_is_not_ready() -> None:
