@@ -50,8 +50,11 @@ class RunLog:
 
     @property
     def closed(self) -> bool:
-        """Whether the writer closed the file (a run-end event is present)."""
-        return bool(np.any(self.events["kind"] == S.RUN_END))
+        """Whether the writer closed the file: every segment's ``run-start`` has its
+        ``run-end`` (a resumed run continues the file with a new segment)."""
+        kinds = self.events["kind"]
+        return bool(np.any(kinds == S.RUN_END)) and \
+            int(np.sum(kinds == S.RUN_END)) >= int(np.sum(kinds == "run-start"))
 
 
 def _first_line(exc: BaseException) -> str:
