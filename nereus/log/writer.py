@@ -180,6 +180,11 @@ class RunLogWriter:
                     {"pid": os.getpid(), **dict(start)})
         return self
 
+    @property
+    def last_step(self) -> int:
+        """The highest step logged so far (a continued log: its earlier segments' too)."""
+        return self._last_step
+
     # -- buffering ----------------------------------------------------------------------------
 
     def _row(self, table: str, values: Mapping[str, Any]) -> None:

@@ -132,7 +132,10 @@ class FailureHandler:
         ck = self.restart
         if ck is not None:
             if self.recorder is not None:
-                self.recorder.log.log_event(max(ck.step - 1, 0), "restart", ck.event())
+                log = self.recorder.log
+                redone = list(range(ck.step, log.last_step + 1))  # logged, run again: the
+                log.log_event(max(ck.step - 1, 0), "restart",  # reader keeps the later rows
+                              {**ck.event(), **({"redone_steps": redone} if redone else {})})
                 history = ck.history
                 if history is not None:  # the summary goes on from the checkpointed run's
                     r = self.recorder
