@@ -190,6 +190,10 @@ def handler(args: argparse.Namespace) -> int:
         if args.ranks is None:
             args.ranks = job_env.world_size
         hosts = job_env.step_nodes
+    elif job_env.slurm_job_id and job_env.step_nodes:
+        # one task of a Slurm step (submitit's NereusEntry runs nereus run as its child): the
+        # ranks on this node, started by mpiexec itself, not through Slurm
+        hosts = job_env.step_nodes[:1]
     if all(_is_this_host(h) for h in hosts):  # every rank on this host: they share its cores
         from nereus.cluster.env import host_cores
 
