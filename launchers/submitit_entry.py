@@ -28,7 +28,6 @@ from typing import Any
 
 from nereus.errors import ConfigError, NereusError
 
-
 PREEMPTED = 75  # nereus run's exit status after a preemption checkpoint (EX_TEMPFAIL)
 
 
