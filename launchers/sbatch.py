@@ -7,9 +7,10 @@ The script a ``SbatchSpec`` describes:
   an input variable; "set"/"on" work, "1" does not).
 - ``#SBATCH --signal=B:USR1@120``: Slurm sends SIGUSR1 to the batch shell 120 s before the time
   limit. The shell forwards it to the launcher (srun and mpiexec pass it on to every rank), waits
-  for the ranks to exit (a target that checkpoints on the signal does so first; ``nereus run``
-  does not, see slurm/README.md), then ``scontrol requeue``s the job (``--requeue``).
-  SIGTERM (preemption, scancel) is forwarded as is.
+  for the ranks to checkpoint and exit, then ``scontrol requeue``s the job (``--requeue``); so
+  it does when ``nereus run`` exits 75 (preempted, its checkpoint written). SIGTERM
+  (preemption, scancel) is forwarded as is; the requeued job resumes by itself
+  (``SLURM_RESTART_COUNT`` > 0, same job id, same default log).
 - the launcher runs in the background so the shell can take signals while it waits.
 """
 
@@ -123,6 +124,8 @@ launcher_pid=$!
 # wait returns early (status > 128) when a trapped signal arrives: wait again until it exits.
 wait "$launcher_pid"; rc=$?
 while kill -0 "$launcher_pid" 2>/dev/null; do wait "$launcher_pid"; rc=$?; done
+# 75: nereus run was preempted and wrote its checkpoint (nereus.runtime.failures.preemption)
+[ "$rc" = 75 ] && nereus_requeue={requeue}
 if [ "$nereus_requeue" = 1 ]; then
   echo "nereus: ranks exited with $rc after the warning signal: requeueing job $SLURM_JOB_ID" >&2
   scontrol requeue "$SLURM_JOB_ID"

@@ -8,8 +8,10 @@ next attempt runs the target again with ``resume_args`` appended (e.g. ``--resum
 
 A target is either a command line (run with subprocess; its stdout/stderr go to the job's) or
 ``"package.module:function"`` (imported and called with ``args``; its return value is the
-job's result). ``nereus run`` does not checkpoint on a signal and takes no ``--resume``: submit it
-with ``resume_args=()`` (slurm/README.md, *submitit*); the tests use small real commands that do.
+job's result). :meth:`NereusEntry.nereus_run` is the entry of a ``nereus run`` job: the
+command with this Python; SIGUSR1 makes it checkpoint at the next step boundary and exit 75
+(:mod:`nereus.runtime.failures.preemption`), and the next attempt continues the same log with
+``--resume``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.errors import ConfigError, NereusError
+
+PREEMPTED = 75  # nereus run's exit status after a preemption checkpoint (EX_TEMPFAIL)
 
 
 class EntryCommandError(NereusError):
@@ -69,6 +73,17 @@ class NereusEntry:
         state["_proc"] = state["_exited"] = None  # a running child never travels along
         return state
 
+    @classmethod
+    def nereus_run(cls, config: str, *args: str, grace_s: float = 60.0) -> NereusEntry:
+        """``nereus run CONFIG ARGS`` as a submitit job (with the submitting Python: the job
+        runs on the same installation). Give ``--log PATH`` in ``args`` to name the log;
+        without it the log is ``nereus-run-<job id>.h5`` in the job's directory — a requeued
+        job keeps its id, so either way the next attempt finds the log and its checkpoint.
+        ``grace_s``: how long :meth:`checkpoint` waits for the checkpoint (submitit's
+        ``USR2@90`` leaves 90 s; ``runtime.failures.warning_s`` is what the ranks allow
+        themselves, 60 s by default)."""
+        return cls((sys.executable, "-m", "nereus", "run", config, *args), grace_s=grace_s)
+
     def command(self) -> tuple[str, ...]:
         """The argv this attempt runs (command targets only)."""
         if isinstance(self.target, str):
@@ -88,6 +103,9 @@ class NereusEntry:
         while not self._exited.wait(0.2):
             pass
         self._proc = None
+        if proc.returncode == PREEMPTED:  # checkpointed on a signal that was not submitit's
+            raise EntryCommandError(f"{' '.join(self.command())}: preempted (exit 75); its "
+                                    "checkpoint is written: resubmit this entry's next_attempt()")
         if proc.returncode != 0:
             raise EntryCommandError(f"{' '.join(self.command())}: exit {proc.returncode}")
         return proc.returncode
@@ -100,9 +118,9 @@ class NereusEntry:
     def stop_child(self) -> int | None:
         """Ask a running command to checkpoint (signal, wait ``grace_s``, then kill).
 
-        Returns its exit status, or None when no command is running. A target that takes the
-        signal as "checkpoint and exit" can end cleanly within ``grace_s``; ``nereus run`` does
-        not checkpoint on a signal (slurm/README.md) and is killed when ``grace_s`` runs out.
+        Returns its exit status, or None when no command is running. ``nereus run`` takes
+        SIGUSR1 and SIGUSR2 alike as "checkpoint at the next step boundary and exit 75": on
+        Slurm the scheduler's signal reaches every process of the step, the child included.
         """
         proc, exited = self._proc, self._exited
         if proc is None or exited is None:

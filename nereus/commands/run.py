@@ -22,9 +22,10 @@ import tempfile
 import time
 from typing import Any
 
-from nereus.errors import NereusError
+from nereus.errors import ConfigError, NereusError
 
 DEFAULT_TIMEOUT_S = 3600.0
+AUTO_RESUME = "\0auto"  # --resume without DIR: the log's own checkpoint directory
 
 
 class LaunchError(NereusError):
@@ -39,7 +40,12 @@ def register(subparsers: Any) -> None:
                    "else the cluster's GPU count); each rank plays one GPU")
     p.add_argument("--steps", type=int, metavar="S", help="RL steps (default: runtime.steps)")
     p.add_argument("--log", metavar="PATH", help="HDF5 run log to create (default: "
-                   "nereus-run-<time>.h5 here); never overwritten")
+                   "nereus-run-<Slurm job id or time>.h5 here); never overwritten, only "
+                   "continued by --resume")
+    p.add_argument("--resume", nargs="?", const=AUTO_RESUME, default=None, metavar="DIR",
+                   help="continue a preempted run from the newest checkpoint in DIR (default: "
+                   "the log's checkpoint directory, <log>.ckpt) in the same log; automatic "
+                   "when SLURM_RESTART_COUNT > 0 and a checkpoint exists")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"end the job after S seconds (default {DEFAULT_TIMEOUT_S:g})")
@@ -70,10 +76,57 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from nereus.log.outputs import check_new_path
     from nereus.log.writer import check_space
 
-    log = args.log or f"nereus-run-{time.strftime('%Y%m%d-%H%M%S')}.h5"
-    check_new_path(log, "--log")  # rank 0 creates it (in place: readable while it grows)
+    log = _resolve_resume(args, rc.failures.checkpoint_dir)
+    if args.resume:  # the preempted run's own log, continued in place
+        if not os.path.isfile(log):
+            raise ConfigError("--log", log, "must be the preempted run's log (a regular file) "
+                              "to continue with --resume")
+    else:  # rank 0 creates it (in place: readable while it grows); never over anything
+        if os.path.lexists(log):
+            raise ConfigError("--log", log, "exists; a run log is never overwritten (--resume "
+                              "continues a preempted run in it)")
+        check_new_path(log, "--log")
     check_space(log)
     return rc, setup, log
+
+
+def default_log() -> str:
+    """``nereus-run-<Slurm job id>.h5`` inside a Slurm job (the same name after a requeue, so
+    the requeued job finds its log and checkpoint), else ``nereus-run-<time>.h5``."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"nereus-run-{job}.h5" if job else f"nereus-run-{time.strftime('%Y%m%d-%H%M%S')}.h5"
+
+
+def _resolve_resume(args: argparse.Namespace, configured_dir: str) -> str:
+    """The run log, and ``args.resume`` set to the checkpoint directory a resumed run starts
+    from (or None: a fresh run). ``--resume DIR`` without ``--log`` continues the log the
+    checkpoint names. Under Slurm a requeued job (``SLURM_RESTART_COUNT`` > 0) resumes by
+    itself when its checkpoint directory holds a checkpoint."""
+    from nereus.runtime.failures.checkpoint import newest_path, read_meta
+    from nereus.runtime.failures.relaunch import checkpoint_dir
+    from nereus.runtime.failures.restart import restart_step
+
+    explicit = args.resume not in (None, AUTO_RESUME)
+    log = args.log
+    if log is None and explicit:
+        path = newest_path(args.resume)
+        log = str(read_meta(path).get("log", "")) if path else ""
+        if not log:
+            raise ConfigError("--log", None, "is needed with --resume DIR when DIR names no log")
+    log = log or default_log()
+    directory = args.resume if explicit else checkpoint_dir(os.path.abspath(log), configured_dir)
+    step = restart_step(directory)
+    if args.resume is None:
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        if restarts > 0 and step is not None:
+            print(f"nereus: Slurm restart {restarts}: resuming from {directory} (step {step})",
+                  file=sys.stderr, flush=True)
+            args.resume = directory
+        return log
+    if step is None:
+        raise ConfigError("--resume", directory, "holds no checkpoint to resume from")
+    args.resume = os.path.abspath(directory)
+    return log
 
 
 def mpiexec_command(ranks: int, worker_args: list[str],
@@ -115,12 +168,16 @@ def _mpiexec_ok() -> None:
 def _as_task(args: argparse.Namespace, world_size: int) -> int:
     """``nereus run`` started as one task of a multi-task launch (``srun nereus run``, as in
     slurm/cpu.sbatch): this process is a rank; run the worker here, no mpiexec."""
+    from nereus.config.load import load_raw
     from nereus.runtime.worker import main as worker
 
-    log = args.log or f"nereus-run-{os.environ.get('SLURM_JOB_ID', 'job')}.h5"
+    failures = (load_raw(args.config).get("runtime") or {}).get("failures") or {}
+    log = _resolve_resume(args, str(failures.get("checkpoint_dir", "")))
     argv = ["--config", args.config, "--log", log, "--ranks", str(world_size)]
     if args.steps is not None:
         argv += ["--steps", str(args.steps)]
+    if args.resume:
+        argv += ["--resume", args.resume]
     return worker.main(argv)
 
 
@@ -140,6 +197,10 @@ def handler(args: argparse.Namespace) -> int:
         if args.ranks is None:
             args.ranks = job_env.world_size
         hosts = job_env.step_nodes
+    elif job_env.slurm_job_id and job_env.step_nodes:
+        # one task of a Slurm step (submitit's NereusEntry runs nereus run as its child): the
+        # ranks on this node, started by mpiexec itself, not through Slurm
+        hosts = job_env.step_nodes[:1]
     if all(_is_this_host(h) for h in hosts):  # every rank on this host: they share its cores
         from nereus.cluster.env import host_cores
 
@@ -150,10 +211,13 @@ def handler(args: argparse.Namespace) -> int:
         summary_path = os.path.join(tmp, "summary.json")
         deadline = time.monotonic() + args.timeout_s
         env: dict[str, str] = {}
+        args.resolved_log = log
         code, rank_error, said = _launch(args, rc, log, hosts, tmp, summary_path, deadline, env)
         attempt, retries, segment, names = 0, 0, log, _node_names(setup)
         segments = [log]
         while code != 0:
+            if _was_preempted(args, code, rc, log):
+                return _report_preempted(args, code, rc, log)
             from nereus.runtime.failures.relaunch import recovery_failed, runtime_died
             from nereus.runtime.worker.main import EXIT_CONFIG, EXIT_INFEASIBLE
 
@@ -199,11 +263,7 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
             ) -> tuple[int, str, str]:
     """Start the ranks with mpiexec and wait: (mpiexec's exit status, the first rank error,
     what mpiexec itself said last on stderr — :func:`relaunch.mpiexec_reason`)."""
-    from collections import deque
-
     from nereus.cluster.env import watch_variables
-    from nereus.runtime.failures.relaunch import mpiexec_reason
-    from nereus.runtime.worker.main import ERROR_MARK
 
     for name in os.listdir(tmp):  # a previous attempt's rank errors
         if name.startswith("rank-error-"):
@@ -212,6 +272,8 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
                    "--ranks", str(rc.ranks), "--steps", str(rc.steps),
                    "--summary-json", summary_path,
                    "--host-cores", str(getattr(args, "host_cores", 0))]
+    if args.resume and log == first_log(args):  # a relaunch's segment resumes by its config
+        worker_args += ["--resume", args.resume]
     argv = mpiexec_command(rc.start_ranks, worker_args, hosts)
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     if hosts and all(_is_this_host(h) for h in hosts):
@@ -232,6 +294,50 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
     stdout = sys.stderr if args.json else None
     proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
+    restore = _forward_preemption(args, proc)
+    try:
+        return _follow(args, proc, argv, tmp, deadline)
+    finally:
+        restore()
+
+
+def first_log(args: argparse.Namespace) -> str:
+    """The run's log as :func:`_check` resolved it (relaunch segments are named after it)."""
+    return str(getattr(args, "resolved_log", args.log))
+
+
+def _forward_preemption(args: argparse.Namespace, proc: subprocess.Popen[str]) -> Any:
+    """While the ranks run: the scheduler's signals reach them through mpiexec — SIGUSR1 and
+    SIGUSR2 as they are (Open MPI forwards both to every rank), SIGTERM as SIGALRM (mpiexec
+    would end the ranks on a SIGTERM of its own; it forwards SIGALRM, which the ranks take as
+    "the end is near", :mod:`nereus.runtime.failures.preemption`). Returns the undo."""
+    import signal
+
+    def forward(signum: int, _frame: Any) -> None:
+        args.preempt_signal = signal.Signals(signum).name
+        to = signal.SIGALRM if signum == signal.SIGTERM else signum
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, to)
+
+    old = {sig: signal.signal(sig, forward)
+           for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _follow(args: argparse.Namespace, proc: subprocess.Popen[str], argv: tuple[str, ...],
+            tmp: str, deadline: float) -> tuple[int, str, str]:
+    """Stream the ranks' output until mpiexec ends: (its status, the first rank error, what it
+    said last)."""
+    from collections import deque
+
+    from nereus.runtime.failures.relaunch import mpiexec_reason
+    from nereus.runtime.worker.main import ERROR_MARK
+
     rank_error = ""
     said: deque[str] = deque(maxlen=60)  # mpiexec's own lines (its error boxes)
     try:
@@ -261,6 +367,34 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
     if code != 0:
         _kill(proc)  # whatever the dead runtime left behind in the job's session
     return code, rank_error, mpiexec_reason(list(said)) if code != 0 else ""
+
+
+def _was_preempted(args: argparse.Namespace, code: int, rc: Any, log: str) -> bool:
+    """The ranks ended for a preemption: they said so (exit 75), or a preemption signal came
+    and mpiexec ended abnormally (ranks that abandoned their step end one by one)."""
+    from nereus.runtime.failures.preemption import EXIT_PREEMPTED
+
+    return code == EXIT_PREEMPTED or bool(getattr(args, "preempt_signal", ""))
+
+
+def _report_preempted(args: argparse.Namespace, code: int, rc: Any, log: str) -> int:
+    """One line on what a preemption left, and the requeue status (or the failure when no
+    checkpoint exists to resume from)."""
+    from nereus.runtime.failures.preemption import EXIT_PREEMPTED
+    from nereus.runtime.failures.relaunch import checkpoint_dir
+    from nereus.runtime.failures.restart import restart_step
+
+    directory = args.resume or checkpoint_dir(os.path.abspath(log), rc.failures.checkpoint_dir)
+    step = restart_step(directory)
+    got = getattr(args, "preempt_signal", "") or "a preemption signal"
+    if step is None:
+        raise LaunchError(f"preempted ({got}, mpiexec exit {code}) before any checkpoint was "
+                          f"written in {directory}: nothing to resume from")
+    print(f"nereus: preempted ({got}); the checkpoint in {directory} resumes with step "
+          f"{step + 1}"
+          f" (nereus run {args.config} --log {log} --resume); exit {EXIT_PREEMPTED} "
+          "for a requeue", file=sys.stderr, flush=True)
+    return EXIT_PREEMPTED
 
 
 def _node_names(setup: Any) -> tuple[str, ...]:

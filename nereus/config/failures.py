@@ -17,7 +17,11 @@ default 1 when ``checkpoint_every`` > 0, else 0; > 0 needs ``checkpoint_every`` 
 failed node before relaunching on every node of the step; default 60), ``launch_retries`` (how
 many times ``nereus run`` starts the same launch again on the same nodes and log when the MPI
 runtime died before any rank wrote the run log: nothing ran, so no checkpoint is needed; default
-2, counted apart from ``relaunch``).
+2, counted apart from ``relaunch``), ``warning_s`` (after a preemption warning, SIGUSR1 or
+SIGUSR2, the time the ranks have to write their checkpoint; default 60: Slurm's
+``--signal=B:USR1@120`` of the templates and submitit's ``USR2@90`` leave more) and
+``kill_wait_s`` (the same after SIGTERM: Slurm's ``KillWait``, default 30) — see
+:mod:`nereus.runtime.failures.preemption`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from nereus.config import fields as f
 from nereus.errors import ConfigError
 
 KEYS = ("checkpoint_every", "checkpoint_dir", "resume", "kill", "relaunch", "relaunch_wait_s",
-        "launch_retries")
+        "launch_retries", "warning_s", "kill_wait_s")
 LAUNCH_RETRIES = 2  # start-up deaths of the MPI runtime retried by default
 KILL_KEYS = ("node", "at_step", "phase", "after_s", "runtime")
 PHASES = ("step", "transition")
@@ -57,12 +61,15 @@ class FailureOptions:
     relaunch: int = 0
     relaunch_wait_s: float = 60.0
     launch_retries: int = LAUNCH_RETRIES
+    warning_s: float = 60.0
+    kill_wait_s: float = 30.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"checkpoint_every": self.checkpoint_every, "checkpoint_dir": self.checkpoint_dir,
                 "resume": self.resume, "kill": [k.to_dict() for k in self.kill],
                 "relaunch": self.relaunch, "relaunch_wait_s": self.relaunch_wait_s,
-                "launch_retries": self.launch_retries}
+                "launch_retries": self.launch_retries, "warning_s": self.warning_s,
+                "kill_wait_s": self.kill_wait_s}
 
     @staticmethod
     def from_dict(d: Any) -> FailureOptions:
@@ -74,7 +81,8 @@ class FailureOptions:
                                          float(k["after_s"]), bool(k.get("runtime", False)))
                                     for k in d["kill"]),
                               int(d.get("relaunch", 0)), float(d.get("relaunch_wait_s", 60.0)),
-                              int(d.get("launch_retries", LAUNCH_RETRIES)))
+                              int(d.get("launch_retries", LAUNCH_RETRIES)),
+                              float(d.get("warning_s", 60.0)), float(d.get("kill_wait_s", 30.0)))
 
     def kills_at(self, node: int, step: int, phase: str) -> list[Kill]:
         return [k for k in self.kill if (k.node, k.at_step, k.phase) == (node, step, phase)]
@@ -115,7 +123,11 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
                                   raw.get("relaunch_wait_s", 60.0), "MAX_TIMEOUT_S")
     retries = f.non_negative_int(f.join(path, "launch_retries"),
                                  raw.get("launch_retries", LAUNCH_RETRIES))
+    warning_s = f.positive_float(f.join(path, "warning_s"), raw.get("warning_s", 60.0),
+                                 "MAX_TIMEOUT_S")
+    kill_wait_s = f.positive_float(f.join(path, "kill_wait_s"), raw.get("kill_wait_s", 30.0),
+                                   "MAX_TIMEOUT_S")
     return FailureOptions(every, f.path(f.join(path, "checkpoint_dir"),
                                         raw.get("checkpoint_dir", "")),
                           f.path(f.join(path, "resume"), raw.get("resume", "")),
-                          tuple(kills), relaunch, wait_s, retries)
+                          tuple(kills), relaunch, wait_s, retries, warning_s, kill_wait_s)

@@ -51,8 +51,11 @@ class RunLog:
 
     @property
     def closed(self) -> bool:
-        """Whether the writer closed the file (a run-end event is present)."""
-        return bool(np.any(self.events["kind"] == S.RUN_END))
+        """Whether the writer closed the file: every segment's ``run-start`` has its
+        ``run-end`` (a resumed run continues the file with a new segment)."""
+        kinds = self.events["kind"]
+        return bool(np.any(kinds == S.RUN_END)) and \
+            int(np.sum(kinds == S.RUN_END)) >= int(np.sum(kinds == "run-start"))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -260,6 +263,19 @@ def _decode_table(
     return cols, n - keep
 
 
+def _latest_per_step(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The steps table with one row per step: a resumed run that restarted from a boundary
+    before a step it had already logged (a preempted rank abandoned its step just after the
+    step was logged, :mod:`nereus.runtime.failures.preemption`) ran that step again; its later
+    row is the step of the run (the earlier one stays in the file)."""
+    steps = cols["step"]
+    if np.unique(steps).size == steps.size:
+        return cols
+    last = {int(s): i for i, s in enumerate(steps)}
+    keep = np.array(sorted(last.values()), dtype=np.int64)
+    return {name: col[keep] for name, col in cols.items()}
+
+
 def read_run_log(path: str | os.PathLike[str]) -> RunLog:
     """Read and validate a run log; raise LogFormatError(path, rule) if it is not one."""
     spath = os.fspath(path)
@@ -293,6 +309,7 @@ def read_run_log(path: str | os.PathLike[str]) -> RunLog:
     dropped: dict[str, int] = {}
     for t in S.TABLES:
         tables[t.name], dropped[t.name] = _decode_table(t, raws[t.name], heap, spath)
+    tables["steps"] = _latest_per_step(dict(tables["steps"]))
     if not isinstance(meta, dict) or not isinstance(config, dict):
         raise LogFormatError(spath, "run meta and config must be JSON objects")
     return RunLog(

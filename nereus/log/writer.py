@@ -21,6 +21,9 @@ import io
 import json
 import math
 import os
+import shutil
+import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,6 +86,25 @@ def check_space(path: str | os.PathLike[str], nbytes: int = 0) -> None:
         )
 
 
+def _open_for_append(path: Path) -> h5py.File:
+    """The log opened for writing; a superblock a killed SWMR writer left marked is cleared
+    with ``h5clear -s`` first (HDF5 refuses to open it otherwise)."""
+    try:
+        return h5py.File(path, "r+", libver=("v110", "v110"))
+    except OSError as exc:
+        first = exc
+    tool = shutil.which("h5clear")
+    if tool is not None:
+        subprocess.run([tool, "-s", str(path)], capture_output=True, timeout=60, check=False)
+        try:
+            return h5py.File(path, "r+", libver=("v110", "v110"))
+        except OSError as exc:
+            first = exc
+    hint = "" if tool else " (install hdf5-tools for h5clear -s)"
+    raise ConfigError("log path", str(path), f"cannot be reopened to continue it: "
+                      f"{str(first).splitlines()[0]}{hint}") from None
+
+
 class RunLogWriter:
     """One run segment's log file. Use as a context manager, or call :meth:`close`."""
 
@@ -143,25 +165,79 @@ class RunLogWriter:
             if self._buffer is None:
                 self.path.unlink(missing_ok=True)
             raise
-        self._heap_len = 0
+        self._start(0, [], -1, {"pid": os.getpid()}, fresh=True)
+
+    def _start(self, heap_len: int, transition_steps: list[int], last_step: int,
+               start: dict[str, Any], fresh: bool = False) -> None:
+        self._heap_len = heap_len
         self._pending_heap: list[bytes] = []
         self._pending_heap_len = 0
         self._pending_rows: dict[str, list[tuple[Any, ...]]] = {t.name: [] for t in S.TABLES}
-        self._transition_steps: list[int] = []
-        self._last_step = -1
+        self._transition_steps = transition_steps
+        self._last_step = last_step
         self._closed = False
-        self.log_event(-1, "run-start", {"pid": os.getpid()})
+        self._lock = threading.RLock()  # flush/close from a preempted rank's watch thread
+        self.log_event(-1 if last_step < 0 else last_step, "run-start", start)
         try:
             self.flush()
         except LogWriteError:
-            if self._buffer is None:  # nothing was logged yet: leave no file behind
+            if self._buffer is None and fresh:  # a new log with nothing in it: leave no file
                 self.path.unlink(missing_ok=True)
             raise
+
+    @classmethod
+    def append_to(cls, path: str | os.PathLike[str], start: Mapping[str, Any]) -> RunLogWriter:
+        """Reopen an existing run log to continue it (a resumed run, ``nereus run --resume``):
+        every row already in it is kept; rows a killed writer left uncommitted at a table's
+        tail (never part of the log, see :mod:`nereus.log.reader`) are cut off; a
+        ``run-start`` event with ``start`` opens the new segment. A file a killed SWMR writer
+        left marked open is cleared with ``h5clear -s`` (hdf5-tools) when that is installed."""
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ConfigError("log path", str(self.path), "does not exist; nothing to continue")
+        self._file = _open_for_append(self.path)
+        try:
+            f = self._file
+            if f.attrs.get(S.ATTR_FORMAT, b"") != np.bytes_(S.FORMAT_NAME):
+                raise ConfigError("log path", str(self.path), "is not a nereus run log")
+            if int(f.attrs.get(S.ATTR_VERSION, -1)) != S.SCHEMA_VERSION:
+                raise ConfigError("log path", str(self.path),
+                                  f"has schema {f.attrs.get(S.ATTR_VERSION)}, this nereus "
+                                  f"writes {S.SCHEMA_VERSION}: continue it with that version")
+            self._heap = f[S.HEAP]
+            self._tables = {t.name: f[t.name] for t in S.TABLES}
+            for ds in self._tables.values():  # a killed writer's uncommitted tail
+                raw = ds[()]
+                keep = int(raw.shape[0])
+                while keep and raw[S.COMMITTED][keep - 1] != 1:
+                    keep -= 1
+                if keep < raw.shape[0]:
+                    ds.resize((keep,))
+            tr = self._tables["transitions"][()]
+            steps = self._tables["steps"][()]
+            f.swmr_mode = True
+        except BaseException:
+            self._file.close()
+            raise
+        self._start(int(self._heap.shape[0]), [int(x) for x in tr["step"]],
+                    int(steps["step"].max()) if steps.shape[0] else -1,
+                    {"pid": os.getpid(), **dict(start)})
+        return self
+
+    @property
+    def last_step(self) -> int:
+        """The highest step logged so far (a continued log: its earlier segments' too)."""
+        return self._last_step
 
     # -- buffering ----------------------------------------------------------------------------
 
     def _row(self, table: str, values: Mapping[str, Any]) -> None:
         """Validate and buffer one row; its JSON values go to the heap only if all fields pass."""
+        with self._lock:
+            self._row_unlocked(table, values)
+
+    def _row_unlocked(self, table: str, values: Mapping[str, Any]) -> None:
         if self._closed:
             raise ConfigError("run log", str(self.path), "is closed")
         row: list[Any] = []
@@ -361,6 +437,10 @@ class RunLogWriter:
 
         A full or failing file system raises :class:`LogWriteError` and closes the file (the
         rows flushed before stay readable); the writer is then closed."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if self._closed:
             return
         try:
@@ -416,15 +496,16 @@ class RunLogWriter:
 
     def close(self, *, clean: bool = True, error: str = "") -> None:
         """Flush, append a ``run-end`` event and close. Idempotent."""
-        if self._closed:
-            return
-        detail: dict[str, Any] = {"clean": clean}
-        if error:
-            detail["error"] = error
-        self.log_event(self._last_step, S.RUN_END, detail)
-        self.flush()
-        self._closed = True
-        self._file.close()
+        with self._lock:
+            if self._closed:
+                return
+            detail: dict[str, Any] = {"clean": clean}
+            if error:
+                detail["error"] = error
+            self.log_event(self._last_step, S.RUN_END, detail)
+            self._flush()
+            self._closed = True
+            self._file.close()
 
     def image(self) -> bytes:
         """The bytes of a closed in-memory log (``memory=True``)."""

@@ -21,11 +21,14 @@ CKPT_PREFIX = "step-"
 
 def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, Any]]],
                 counters: dict[str, tuple[Counters, float]],
-                history: dict[str, Any] | None = None) -> str:
+                history: dict[str, Any] | None = None,
+                extra: dict[str, Any] | None = None) -> str:
     """Write the logical state before step ``step`` (every model-stage's global arrays and
     counters) as ``step-<k>.npz``; atomic (written aside, then renamed). Returns the path.
     ``history``: the run's record so far (JSON-able: the summary rows of the steps before
-    ``step``, the transitions), which a run resumed from here continues (:func:`read_history`)."""
+    ``step``, the transitions), which a run resumed from here continues (:func:`read_history`).
+    ``extra``: more plain data for a resume (:func:`read_meta`): the plan the state was on, the
+    controller with its calibration (see :mod:`nereus.runtime.failures.restart`)."""
     os.makedirs(directory, exist_ok=True)
     arrays = {f"{ms}/{f}/{t}": a for ms, g in globs.items() for f, d in g.items()
               for t, a in d.items()}
@@ -33,6 +36,7 @@ def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, 
                                                        for ms, (c, adam) in counters.items()}}
     if history is not None:
         meta["history"] = history
+    meta.update(extra or {})
     arrays["__meta__"] = np.frombuffer(json.dumps(meta, default=float).encode(), dtype=np.uint8)
     path = os.path.join(directory, f"{CKPT_PREFIX}{step:08d}.npz")
     tmp = path + ".part.npz"
@@ -86,6 +90,12 @@ def read_history(path: str) -> dict[str, Any] | None:
     with np.load(path) as z:
         history = _meta(z).get("history")
     return dict(history) if isinstance(history, dict) else None
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """The whole JSON metadata of a checkpoint file (step, counters, history, extra)."""
+    with np.load(path) as z:
+        return _meta(z)
 
 
 def _meta(z: Any) -> dict[str, Any]:

@@ -39,7 +39,8 @@ from nereus.runtime.failures.boundary import (
     gather_survivors,
     take_boundary,
 )
-from nereus.runtime.failures.checkpoint import latest_global, read_history, save_global
+from nereus.runtime.failures.checkpoint import latest_global, save_global
+from nereus.runtime.failures.restart import RestartPoint
 from nereus.runtime.failures.ulfm import RankFailure, shrink, ulfm_enabled
 from nereus.runtime.mpi.frames import bcast
 from nereus.runtime.worker.state import FIELDS, Counters
@@ -90,11 +91,12 @@ class FailureHandler:
     """Per-rank failure bookkeeping for ``nereus run`` (see the module docstring)."""
 
     def __init__(self, comm: Any, log_path: str) -> None:
-        self.enabled = ulfm_enabled(comm)
-        import faulthandler
+        from nereus.runtime.failures.preemption import PreemptWatch
 
-        with contextlib.suppress(Exception):  # `kill -USR1 <pid>` prints every thread's stack
-            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        self.enabled = ulfm_enabled(comm)
+        self.preempt = PreemptWatch()  # installed by the worker before any thread starts
+        self.restart: RestartPoint | None = None  # a resumed run's starting state
+        self.segment = ""  # this run segment's name (rank 0's, told with the first plan)
         self.log_path = log_path
         self.original = tuple(range(comm.Get_size()))  # current rank → original global rank
         self.generation = 0
@@ -127,22 +129,26 @@ class FailureHandler:
         newest checkpoint of ``failures.resume``, or ``globs`` (the initial state) at step 0."""
         if self.resume is not None:
             return self.resume.globs, self.resume.counters, self.resume.step
-        if self.rc.failures.resume:
-            ck = latest_global(self.rc.failures.resume)
-            if ck is None:
-                raise RankFailure(f"runtime.failures.resume: no checkpoint in "
-                                  f"{self.rc.failures.resume}")
+        ck = self.restart
+        if ck is not None:
             if self.recorder is not None:
-                self.recorder.log.log_event(0, "restart", {"from_checkpoint": ck[0],
-                                                           "step": ck[1]})
-                history = read_history(ck[0])
+                log = self.recorder.log
+                redone = list(range(ck.step, log.last_step + 1))  # logged, run again: the
+                log.log_event(max(ck.step - 1, 0), "restart",  # reader keeps the later rows
+                              {**ck.event(), **({"redone_steps": redone} if redone else {})})
+                history = ck.history
                 if history is not None:  # the summary goes on from the checkpointed run's
                     r = self.recorder
-                    r.rows = [row for row in history["rows"] if row["step"] < ck[1]]
+                    r.rows = [row for row in history["rows"] if row["step"] < ck.step]
                     r.transitions = int(history["transitions"])
                     r.transition_s = float(history["transition_s"])
-            return ck[2], ck[3], ck[1]
+            return ck.globs, ck.counters, ck.step
         return globs, {}, 0
+
+    def restart_dir(self, resume_arg: str) -> str:
+        """Where a resumed run's state is (``--resume DIR``, or a relaunch's
+        ``runtime.failures.resume``); "" for a fresh run."""
+        return resume_arg or (self.rc.failures.resume if self.rc is not None else "")
 
     def boundary(self, units: Any, step: int, version: int) -> None:
         """Record the state before ``step`` on plan ``version`` (once per key)."""
@@ -170,11 +176,13 @@ class FailureHandler:
             self._cluster = cluster_events(os.environ) or False
         return self._cluster or None
 
-    def checkpoint(self, plane: Any, step: int) -> None:
-        """Every ``checkpoint_every`` steps: the state before ``step``, written by rank 0."""
+    def checkpoint(self, plane: Any, step: int, force: bool = False) -> str:
+        """Every ``checkpoint_every`` steps (or now, ``force``: a preemption): the state before
+        ``step``, written by rank 0 with the plan it is on and the controller (collective).
+        Returns the file's path on rank 0, else ""."""
         every = self.rc.failures.checkpoint_every
-        if not every or step % every or step >= self.rc.steps:
-            return
+        if not force and (not every or step % every or step >= self.rc.steps):
+            return ""
         assert self.setup is not None
         b = self.book.at((step, self.version))
         globs, counters, _ = gather_survivors(self.setup, b, plane.comm,
@@ -184,9 +192,37 @@ class FailureHandler:
             history = None if r is None else {
                 "rows": [row for row in r.rows if row["step"] < step],
                 "transitions": r.transitions, "transition_s": r.transition_s}
-            path = save_global(self.checkpoint_dir(), step, globs, counters, history)
+            extra = {"plan": b.plan.to_dict(), "log": self.log_path, "segment": self.segment,
+                     "controller": None if self.ctl is None else self.ctl.to_dict()}
+            path = save_global(self.checkpoint_dir(), step, globs, counters, history, extra)
             if r is not None:
-                r.log.log_event(step - 1, "checkpoint", {"path": path, "step": step})
+                r.log.log_event(max(step - 1, 0), "checkpoint", {"path": path, "step": step})
+            return path
+        return ""
+
+    def dump(self, rank: int, reason: str) -> None:
+        """A preempted rank abandons its step (from the watch thread): its shards of the last
+        two boundaries to the checkpoint directory; rank 0 adds the controller and the record,
+        logs ``preempted`` and closes the run log."""
+        from nereus.runtime.failures.dumps import write_rank_dump
+
+        extra: dict[str, Any] = {}
+        r = self.recorder
+        if self.ctl is not None and r is not None:
+            extra = {"controller": self.ctl.to_dict(),
+                     "history": {"rows": list(r.rows), "transitions": r.transitions,
+                                 "transition_s": r.transition_s}}
+        kept = list(self.book.kept)
+        path = write_rank_dump(self.checkpoint_dir(), self.segment or "0", rank, kept, extra,
+                               reason)
+        if r is not None:
+            notice = self.preempt.notice
+            with contextlib.suppress(Exception):
+                r.log.log_event(max(kept[-1].step - 1, 0) if kept else 0, "preempted", {
+                    "abandoned": True, "reason": reason, "dump": os.path.dirname(path),
+                    "boundaries": [b.step for b in kept],
+                    **({} if notice is None else notice.to_dict())})
+                r.log.close()
 
     def checkpoint_dir(self) -> str:
         return self.rc.failures.checkpoint_dir or f"{self.log_path}.ckpt"

@@ -32,7 +32,8 @@ def _raw_config(cfg: Config, rc: RunConfig) -> dict[str, Any]:
 
 class RunRecorder:
     def __init__(self, path: str, setup: Setup, rc: RunConfig, cfg: Config,
-                 plan: ExecutionPlan) -> None:
+                 plan: ExecutionPlan, append: bool = False) -> None:
+        """``append``: continue the existing log at ``path`` (a resumed run)."""
         from rich.console import Console
 
         self.setup = setup
@@ -41,7 +42,10 @@ class RunRecorder:
         meta = {"command": "nereus run", "ranks": rc.ranks, "steps": rc.steps,
                 "hardware": setup.cluster.gpu.name, "nodes": setup.cluster.nodes,
                 "gpus_per_node": setup.cluster.gpus_per_node, "algorithm": setup.job.algorithm}
-        self.log = RunLogWriter(path, meta, _raw_config(cfg, rc), initial_plan=plan.to_dict())
+        self.log = (RunLogWriter.append_to(path, {"resumed": True, "plan": plan.to_dict(),
+                                                  "ranks": rc.ranks, "nodes": setup.cluster.nodes})
+                    if append else
+                    RunLogWriter(path, meta, _raw_config(cfg, rc), initial_plan=plan.to_dict()))
         self.rows: list[dict[str, Any]] = []
         self.transitions = 0
         self.transition_s = 0.0

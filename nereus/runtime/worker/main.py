@@ -39,6 +39,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--summary-json", default="")
     p.add_argument("--host-cores", type=int, default=0,
                    help="cores the ranks share on this host (set by nereus run's local launch)")
+    p.add_argument("--resume", default="", metavar="DIR",
+                   help="start from the newest checkpoint in DIR and continue the log")
     return p.parse_args(argv)
 
 
@@ -72,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if __name__ == "__main__":  # started by a launcher, not called in-process
         _die_with_parent()
+    from nereus.runtime.failures.preemption import PreemptWatch
+
+    watch = PreemptWatch()
+    watch.install()  # before torch, gloo or MPI start a thread: they never see the signals
     import torch
 
     torch.set_num_threads(1)
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = join_parent(links) or MPI.COMM_WORLD  # spawned for a late node: the merged job
     plane = ControlPlane(comm)
     ft = FailureHandler(comm, args.log)
+    ft.preempt = watch
     devices: list[Any] = []  # the RankDevice of each attempt: its communicators to abort
     if links.pairs:  # the job's setup as the config gives it (see growth.joined)
         joined(comm, ft, _configure(args, None)[2])
@@ -219,8 +226,12 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
         return cfg, rc, setup
 
     cfg, rc, setup = _agree(plane, setup_all)
+    ft.preempt.configure(rc.failures.warning_s, rc.failures.kill_wait_s)
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
+    elif ft.restart is None and (args.resume or rc.failures.resume):
+        ft.restart = _agree(plane, lambda: _restart_point(args.resume or rc.failures.resume,
+                                                          setup))
     dev, rc = _bind_device(plane, comm, rc, setup)
     if devices is not None:
         devices.append(dev)
@@ -234,6 +245,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
            if plane.is_root else None)
     if ctl is not None:
         ctl.set_pool(range(plane.world_size))  # late nodes (runtime.late_nodes) join later
+    kept_plan = None  # a resumed run's plan, when it still fits this allocation
+    if ctl is not None and ft.resume is None and ft.restart is not None:
+        ctl, kept_plan = _restored_controller(ctl, ft.restart, setup)
     if ft.resume is not None:
         ctl = ft.resume.ctl
     recorder: RunRecorder | None = None
@@ -246,14 +260,17 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
             raise InfeasiblePlanError(f"no plan fits the virtual cluster: {reason}")
         return plan
 
-    plan_d = _agree(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else
+    plan_d = _agree(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else kept_plan or
                                     first_plan().to_dict()) if plane.is_root else None)
-    plan = ExecutionPlan.from_dict(plane.broadcast(
-        Message("plan", plane.next_seq(), {"plan": plan_d}) if plane.is_root else None, "plan"
-    ).payload["plan"])
+    told = plane.broadcast(Message("plan", plane.next_seq(), {
+        "plan": plan_d, "segment": f"{int(time.time())}-{os.getpid()}"})
+        if plane.is_root else None, "plan").payload
+    plan = ExecutionPlan.from_dict(told["plan"])
+    ft.segment = ft.segment or str(told["segment"])
     if plane.is_root:
         recorder = _agree(plane, lambda: ft.resume.recorder if ft.resume else
-                          RunRecorder(args.log, setup, rc, cfg, plan))
+                          RunRecorder(args.log, setup, rc, cfg, plan,
+                                      append=_continues(args, ft)))
     else:
         _agree(plane, lambda: None)
 
@@ -283,6 +300,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
         globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
                                         solo_groups)
     ft.watch(setup, rc, cfg, ctl, recorder)
+    ft.preempt.on_abandon(lambda reason: ft.dump(rank, reason))
     rank_zero = None if ctl is None or recorder is None else RankZero(
         ctl, recorder, rc, cluster=ft.cluster_watch())
     globs, counters, start = ft.start_state(globs)
@@ -301,16 +319,26 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
     step = start
     while step < rc.steps:
         ft.boundary(units, step, version)
-        plane.broadcast(Message("step", plane.next_seq(), {"step": step, "plan": version})
-                        if plane.is_root else None, "step")
+        go = plane.broadcast(Message("step", plane.next_seq(), {
+            "step": step, "plan": version, "stop": ft.preempt.requested})
+            if plane.is_root else None, "step")
+        if go.payload.get("stop"):  # preempted: every rank stops at this boundary
+            code = _preempted(plane, ft, recorder, step)
+            ft.disarm()
+            units.destroy()
+            dev.destroy()
+            dist.destroy_process_group()
+            return code
         maybe_fail(step)
         ft.arm(rank, step, "step")
+        ft.preempt.step_started()
         t0 = time.perf_counter()
         if setup.job.mode == "async":  # batch step+1 generated beside this step's training
             res, pending = run_async_step(inp, units, step, comm, account, pending)
         else:
             res = run_step(inp, units, step, comm, account)
         step_s = time.perf_counter() - t0
+        ft.preempt.step_ended(step_s)
         ft.due(step, "step")  # an injected death of this step lands inside it
         gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
         order_d: dict[str, Any] | None = None
@@ -370,6 +398,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
                     for t, a in d.items() if f == "param"}
             np.savez(rc.save_state, **flat)  # type: ignore[arg-type]
     ft.disarm()
+    ft.preempt.done()  # the run ended: a signal from now on changes nothing
     plane.agree(True)  # a rank lost up to here is a failure like any other (log still open)
     units.destroy()
     dev.destroy()
@@ -381,6 +410,62 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
                 json.dump(summary, fh)
     dist.destroy_process_group()
     return 0
+
+
+def _restart_point(directory: str, setup: Any) -> Any:
+    """The state a resumed run starts from (every rank reads it; agreed by the caller)."""
+    from nereus.errors import ConfigError
+    from nereus.runtime.failures.restart import load_restart
+
+    point = load_restart(directory, setup)
+    if point is None:
+        raise ConfigError("--resume", directory, "holds no checkpoint to resume from")
+    return point
+
+
+def _restored_controller(ctl: Any, point: Any, setup: Any) -> tuple[Any, dict[str, Any] | None]:
+    """Rank 0 of a resumed run: the controller as it was saved (calibration, controller state,
+    pinned layouts) and its plan when the allocation is the one it ran on; on another
+    allocation the calibration only, and no plan (a replan on the ranks there are now)."""
+    from nereus.runtime.rank0.controller import RankZeroController
+
+    if point.controller is None:
+        return ctl, None
+    saved = RankZeroController.from_dict(setup, point.controller)
+    same = point.plan is not None and saved.pool == ctl.pool and all(
+        g < setup.cluster.num_gpus for sp in point.plan["stages"] for r in sp["replicas"]
+        for g in r)
+    if same:
+        return saved, point.plan
+    ctl.calib = saved.calib
+    return ctl, None
+
+
+def _continues(args: argparse.Namespace, ft: Any) -> bool:
+    """Whether rank 0 continues an existing run log (a resumed run) instead of creating it."""
+    return bool(args.resume) and ft.restart is not None and os.path.exists(args.log)
+
+
+def _preempted(plane: Any, ft: Any, recorder: Any, step: int) -> int:
+    """Every rank, at the boundary before ``step`` after a preemption signal: the checkpoint
+    of this boundary (rank 0 writes it), a ``preempted`` event, the log closed; the exit
+    status for a requeue (:data:`nereus.runtime.failures.preemption.EXIT_PREEMPTED`)."""
+    from nereus.runtime.failures.preemption import EXIT_PREEMPTED
+
+    t0 = time.perf_counter()
+    path = ft.checkpoint(plane, step, force=True)
+    if plane.is_root and recorder is not None:
+        notice = ft.preempt.notice
+        recorder.log.log_event(max(step - 1, 0), "preempted", {
+            "abandoned": False, "step": step, "checkpoint": path,
+            "checkpoint_s": time.perf_counter() - t0,
+            **({} if notice is None else notice.to_dict())})
+        recorder.log.close()
+        recorder.say(f"  preempted: checkpoint of the boundary before step {step + 1} in "
+                     f"{path}; resume with --resume")
+    ft.preempt.done()
+    plane.agree(True)
+    return EXIT_PREEMPTED
 
 
 def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
