@@ -82,10 +82,13 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
             raise ConfigError("--log", log, "must be the preempted run's log (a regular file) "
                               "to continue with --resume")
     else:  # rank 0 creates it (in place: readable while it grows); never over anything
-        if os.path.lexists(log):
-            raise ConfigError("--log", log, "exists; a run log is never overwritten (--resume "
-                              "continues a preempted run in it)")
-        check_new_path(log, "--log")
+        try:
+            check_new_path(log, "--log")
+        except ConfigError as e:
+            if not os.path.lexists(log):
+                raise
+            raise ConfigError(e.field, e.value, f"{e.rule} (or --resume continues a preempted "
+                              "run in its own log)") from None
     check_space(log)
     return rc, setup, log
 
