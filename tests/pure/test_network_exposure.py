@@ -59,9 +59,9 @@ def findings(path: Path) -> list[str]:
         if isinstance(node, ast.Import):
             bad += [f"{here}: import {a.name}" for a in node.names
                     if a.name.split(".")[0] in PICKLERS]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module.split(".")[0] in PICKLERS:
-                bad.append(f"{here}: from {node.module} import …")
+        elif isinstance(node, ast.ImportFrom) and node.module \
+                and node.module.split(".")[0] in PICKLERS:
+            bad.append(f"{here}: from {node.module} import …")
         for name in _identifiers(node):
             if OBJECT_COLLECTIVE.search(name):
                 bad.append(f"{here}: {name} (an object collective unpickles what arrives)")
