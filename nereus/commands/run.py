@@ -148,7 +148,7 @@ def handler(args: argparse.Namespace) -> int:
     rc, setup, log = _check(args)
     _mpiexec_ok()
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp, \
-            _store_folder(hosts, log, tmp) as args.rendezvous_dir:
+            store_folder(hosts, log, tmp) as args.rendezvous_dir:
         summary_path = os.path.join(tmp, "summary.json")
         deadline = time.monotonic() + args.timeout_s
         env: dict[str, str] = {}
@@ -197,7 +197,7 @@ def handler(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _store_folder(hosts: tuple[str, ...], log: str, tmp: str) -> Iterator[str]:
+def store_folder(hosts: tuple[str, ...], log: str, tmp: str) -> Iterator[str]:
     """The job's private rendezvous folder (mode 0700; :mod:`nereus.runtime.mpi.rendezvous`),
     removed once the ranks ended: in this run's temporary directory when every rank runs on
     this host, else beside the log (the hosts must share that folder)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nereus.commands.run import _store_folder
+from nereus.commands.run import store_folder
 from nereus.errors import CommunicationError, ConfigError
 from nereus.runtime.mpi.rendezvous import FOLDER_PREFIX, StoreFolder, new_folder, private_problem
 
@@ -62,11 +62,11 @@ def test_nereus_run_makes_its_folder_and_removes_it(tmp_path: Path) -> None:
     tmp.mkdir(mode=0o700)
     (tmp_path / "logs").mkdir()
     log = str(tmp_path / "logs" / "run.h5")
-    with _store_folder((), log, str(tmp)) as folder:  # every rank on this host
+    with store_folder((), log, str(tmp)) as folder:  # every rank on this host
         assert Path(folder).parent == tmp and private_problem(folder) == ""
-    with _store_folder(("localhost", "localhost"), log, str(tmp)) as folder:
+    with store_folder(("localhost", "localhost"), log, str(tmp)) as folder:
         assert Path(folder).parent == tmp
-    with _store_folder((ELSEWHERE, "localhost"), log, str(tmp)) as folder:  # across hosts
+    with store_folder((ELSEWHERE, "localhost"), log, str(tmp)) as folder:  # across hosts
         assert Path(folder).parent == tmp_path / "logs" and private_problem(folder) == ""
         (Path(folder) / "store-g0-x").write_text("")
     assert not Path(folder).exists()
@@ -74,5 +74,5 @@ def test_nereus_run_makes_its_folder_and_removes_it(tmp_path: Path) -> None:
     if os.geteuid() != 0:  # root writes anywhere
         (tmp_path / "logs").chmod(0o500)
         with pytest.raises(ConfigError, match="--log"), \
-                _store_folder((ELSEWHERE,), log, str(tmp)):
+                store_folder((ELSEWHERE,), log, str(tmp)):
             pass
