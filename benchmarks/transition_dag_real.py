@@ -322,12 +322,13 @@ def _worker(trials: int, seed: int, out_path: str) -> int:
 
     from nereus.runtime.mpi import frames
     from nereus.runtime.mpi.plane import ControlPlane
-    from nereus.runtime.mpi.rendezvous import rendezvous
+    from nereus.runtime.mpi.rendezvous import StoreFolder, finish, rendezvous
     from nereus.transition.wire import dag_from_wire, dag_to_wire
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
-    rendezvous(ControlPlane(comm), generation=0, timeout_s=COMM_TIMEOUT_S, address="127.0.0.1")
+    folder = StoreFolder()
+    rendezvous(ControlPlane(comm), folder, 0, timeout_s=COMM_TIMEOUT_S)
     store = dist.distributed_c10d._get_default_store()
     setup = _setup()
     rows = []
@@ -394,6 +395,7 @@ def _worker(trials: int, seed: int, out_path: str) -> int:
         with open(out_path, "w", encoding="utf-8") as fh:
             json.dump(rows, fh)
     dist.destroy_process_group()
+    finish(comm, folder, comm.Get_rank() == 0)
     return 0
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from nereus.errors import ConfigError, NereusError
@@ -210,7 +211,8 @@ def handler(args: argparse.Namespace) -> int:
         args.host_cores = host_cores()
     rc, setup, log = _check(args)
     _mpiexec_ok()
-    with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp, \
+            store_folder(hosts, log, tmp) as args.rendezvous_dir:
         summary_path = os.path.join(tmp, "summary.json")
         deadline = time.monotonic() + args.timeout_s
         env: dict[str, str] = {}
@@ -261,6 +263,28 @@ def handler(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def store_folder(hosts: tuple[str, ...], log: str, tmp: str) -> Iterator[str]:
+    """The job's private rendezvous folder (mode 0700; :mod:`nereus.runtime.mpi.rendezvous`),
+    removed once the ranks ended: in this run's temporary directory when every rank runs on
+    this host, else beside the log (the hosts must share that folder)."""
+    from nereus.runtime.mpi.rendezvous import FOLDER_PREFIX
+
+    if all(_is_this_host(h) for h in hosts):
+        yield tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=tmp)  # removed with tmp
+        return
+    try:
+        folder = tempfile.mkdtemp(prefix=f".{FOLDER_PREFIX}",
+                                  dir=os.path.dirname(os.path.abspath(log)))
+    except OSError as e:
+        raise ConfigError("--log", log, "the job spans hosts, so its rendezvous folder is made "
+                          f"beside the log, in a folder they share: {e.strerror or e}") from None
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...], tmp: str,
             summary_path: str, deadline: float, env_extra: dict[str, str]
             ) -> tuple[int, str, str]:
@@ -274,7 +298,8 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
     worker_args = ["--config", os.path.abspath(args.config), "--log", os.path.abspath(log),
                    "--ranks", str(rc.ranks), "--steps", str(rc.steps),
                    "--summary-json", summary_path,
-                   "--host-cores", str(getattr(args, "host_cores", 0))]
+                   "--host-cores", str(getattr(args, "host_cores", 0)),
+                   "--rendezvous-dir", args.rendezvous_dir]
     if args.resume and log == first_log(args):  # a relaunch's segment resumes by its config
         worker_args += ["--resume", args.resume]
     argv = mpiexec_command(rc.start_ranks, worker_args, hosts)

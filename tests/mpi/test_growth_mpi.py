@@ -27,7 +27,12 @@ def test_two_ranks_grow_to_four_and_share_one_group() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("GROWN"))
-    assert lines == [f"GROWN {r} 6 joined={r >= 2}" for r in range(4)], proc.stdout
+    folders = {ln.rsplit(" folder=", 1)[-1] for ln in lines}
+    assert len(folders) == 1, lines  # the spawned ranks joined the store folder of the first
+    folder = folders.pop()
+    assert [ln.rsplit(" folder=", 1)[0] for ln in lines] == [
+        f"GROWN {r} 6 joined={r >= 2}" for r in range(4)], proc.stdout
+    assert folder and not os.path.exists(folder)  # removed at the end
 
 
 GROW = """

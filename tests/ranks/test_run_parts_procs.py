@@ -12,8 +12,7 @@ EXAMPLE = str(ROOT / "examples" / "ppo-tiny-cpu.yaml")
 GEN_SCRIPT = r"""
 import torch, torch.distributed as dist, numpy as np, sys
 torch.set_num_threads(1)
-from nereus.runtime.mpi.rendezvous import free_port
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 from nereus.emu.unit import Emu, Layout
 from nereus.runtime.execution.groups import unit_groups
 from nereus.runtime.worker.state import new_unit_state

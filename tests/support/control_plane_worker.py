@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from nereus.errors import CommunicationError
 from nereus.runtime.mpi.plane import ControlPlane, Message
-from nereus.runtime.mpi.rendezvous import rendezvous, teardown
+from nereus.runtime.mpi.rendezvous import StoreFolder, finish, rendezvous, teardown
 
 
 def main() -> int:
@@ -30,13 +30,15 @@ def main() -> int:
         return 1
     except CommunicationError as exc:
         print(f"rank {r}: {exc}", flush=True)
-    rendezvous(plane, generation=1, address="127.0.0.1", timeout_s=30)
+    folder = StoreFolder()
+    rendezvous(plane, folder, 1, timeout_s=30)
     t = torch.tensor([float(r + 1)])
     dist.all_reduce(t)
     assert t.item() == sum(range(1, plane.world_size + 1))
     teardown()
-    rendezvous(plane, generation=2, address="127.0.0.1", timeout_s=30)
+    rendezvous(plane, folder, 2, timeout_s=30)
     teardown()
+    finish(plane.comm, folder, plane.is_root)
     print(f"rank {r}: OK", flush=True)
     return 0
 

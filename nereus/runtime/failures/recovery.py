@@ -8,8 +8,8 @@ on a rank, the worker calls :meth:`FailureHandler.survive` on every survivor:
 
 1. revoke and shrink the MPI communicator (:func:`nereus.runtime.failures.ulfm.shrink`); nobody lost →
    the error is fatal as before;
-2. drop the data plane: this plan's units and the torch.distributed default group (its
-   TCPStore lived on rank 0, which may be dead);
+2. drop the data plane: this plan's units and the torch.distributed default group (its peers
+   may be dead; the next generation gets a new store file, :mod:`nereus.runtime.mpi.rendezvous`);
 3. renumber: the survivors are GPUs ``0..n-1`` of a smaller virtual cluster in their old order
    (so GPU id = MPI rank = torch rank again, and whole surviving nodes stay whole nodes);
 4. agree on a boundary and assemble every model-stage's global state from a replica that

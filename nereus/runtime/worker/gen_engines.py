@@ -5,20 +5,21 @@ GPTModel stage, made afresh per call (it holds no state: the unit's model is the
 ``vllm`` (the GPU default when vLLM imports: ``runtime.generation: auto`` is resolved at start by
 :func:`nereus.config.run.resolve_generation`): one :class:`~nereus.engines.vllm_engine.VllmEngine` per unit, built on first use and
 kept on the unit's model object (a new unit after a transition gets a new engine); its weights
-are refreshed from the unit's global parameters, all-gathered over the unit's tp group. The
+are refreshed from the unit's global parameters, all-gathered over the unit's tp group as plain
+tensors (:mod:`nereus.runtime.worker.piece_gather`: nothing received is unpickled). The
 placement check runs on every rank, so a plan vLLM cannot serve fails everywhere at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from nereus.config.run import RunConfig
 from nereus.emu.shards import tensor_specs
 from nereus.engines.backend import VLLM, GenerationEngine, MegatronEngine
+from nereus.runtime.worker.piece_gather import all_gather_pieces
 from nereus.runtime.worker.state import UnitState
 from nereus.runtime.worker.train import link_of
 from nereus.runtime.worker.units import StageUnits, local_pieces
@@ -30,10 +31,10 @@ _CACHE_ATTR = "_nereus_vllm_engine"
 def unit_params(st: UnitState) -> dict[str, np.ndarray]:
     """This pipeline stage's global parameters (logical names), gathered over the tp group
     (collective on the unit's tp ranks)."""
-    mine = local_pieces(st, ("param",))
-    parts: list[Any] = [None] * st.groups.tp.size()
-    dist.all_gather_object(parts, mine, group=st.groups.tp)
-    shapes = {t.name: t.global_shape for t in tensor_specs(st.spec)}
+    shapes = {t.name: tuple(t.global_shape) for t in tensor_specs(st.spec)}
+    group = st.groups.tp
+    device = torch.device("cpu") if dist.get_backend(group) == "gloo" else st.torch_device
+    parts = all_gather_pieces(local_pieces(st, ("param",)), group, device, shapes)
     out: dict[str, np.ndarray] = {}
     for part in parts:
         for _field, name, start, stop, arr in part:

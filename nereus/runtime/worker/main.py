@@ -1,7 +1,8 @@
 """The rank program of ``nereus run``: ``python -m nereus.runtime.worker.main --config C --log L``.
 
 Every rank parses the same config (deterministic), joins the MPI control plane and the
-torch.distributed rendezvous whose address rank 0 broadcasts. Rank 0 runs the controller and
+torch.distributed rendezvous whose job-private store file rank 0 announces on it
+(:mod:`nereus.runtime.mpi.rendezvous`: nothing listens for it). Rank 0 runs the controller and
 also works as a rank (see ``nereus.runtime.rank0.controller``). Per step: rank 0 broadcasts a
 versioned ``step`` message, every rank runs the step on its units, measurements are gathered to
 rank 0, which logs them, applies injected events, runs the controller and broadcasts a ``plan``
@@ -41,6 +42,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="cores the ranks share on this host (set by nereus run's local launch)")
     p.add_argument("--resume", default="", metavar="DIR",
                    help="start from the newest checkpoint in DIR and continue the log")
+    p.add_argument("--rendezvous-dir", default="",
+                   help="the job's private store folder (set by nereus run; else rank 0 makes one)")
     return p.parse_args(argv)
 
 
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from nereus.runtime.mpi.frames import FrameError
     from nereus.runtime.mpi.growth import Grown, Links, join_parent, joined
     from nereus.runtime.mpi.plane import ControlPlane
+    from nereus.runtime.mpi.rendezvous import StoreFolder, finish
 
     links = Links()
     comm = join_parent(links) or MPI.COMM_WORLD  # spawned for a late node: the merged job
@@ -96,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     ft = FailureHandler(comm, args.log)
     ft.preempt = watch
     devices: list[Any] = []  # the RankDevice of each attempt: its communicators to abort
+    folder = StoreFolder(args.rendezvous_dir)  # a spawned rank learns it at its rendezvous
     if links.pairs:  # the job's setup as the config gives it (see growth.joined)
         joined(comm, ft, _configure(args, None)[2])
     while True:
         try:
-            code = _run(args, comm, plane, ft, devices)
+            code = _run(args, comm, plane, ft, folder, devices)
+            finish(comm, folder, plane.is_root)
             grown = bool(links.pairs)
             links.release()
             if ft.enabled and not grown:  # ULFM: with a dead rank MPI_Finalize can wait forever
@@ -119,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
             devices.clear()
             if (isinstance(e, CommunicationError) and not isinstance(e, FrameError)
                     and ft.units is None):  # agreed at start-up (a torn frame is not agreed)
-                return _agreed_error(plane, e)
+                code = _agreed_error(plane, e)
+                finish(comm, folder, plane.is_root)
+                return code
             try:
                 survived = ft.survive(comm, plane.global_rank, e) if secondary(e) else None
             except RankFailure as lost:  # survivors, but state or plan lost: one line, exit
                 if ft.leader or not ft.leader_known:  # before the survivors had a leader: each
                     _report(args, plane.global_rank, f"RankFailure: {lost}")
                 ft.close_log(str(lost))
+                if ft.leader:
+                    folder.remove()
                 sys.stderr.flush()
                 os._exit(EXIT_RANK)  # MPI_Finalize waits forever here with a dead rank
             if survived is None:
@@ -136,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     first = str(failed).splitlines()[0] if str(failed) else ""
     _report(args, plane.global_rank, f"{type(failed).__name__}: {first}")
     time.sleep(0.5)  # let mpiexec forward the line before the abort tears the job down
+    folder.remove()  # the abort ends every rank: none uses the store any more
     comm.Abort(EXIT_RANK)
     return EXIT_RANK
 
@@ -175,7 +186,7 @@ def _configure(args: argparse.Namespace, detected: Any) -> tuple[Any, Any, Any]:
     return cfg, rc, setup
 
 
-def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
+def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
          devices: list[Any] | None = None) -> int:
     from dataclasses import asdict
 
@@ -276,8 +287,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
 
     from nereus.cluster.transport import default_backend
 
-    rendezvous(plane, generation=ft.generation, timeout_s=rc.timeout_s,
-               backend=default_backend(dev.placements))
+    rendezvous(plane, folder, ft.generation,
+               backend=default_backend(dev.placements), timeout_s=rc.timeout_s,
+               shared_parent=os.path.dirname(os.path.abspath(args.log)))
     if recorder is not None:
         recorder.event(0, "devices", _devices_event(dev, rc))
     from datetime import timedelta
