@@ -80,8 +80,9 @@ def launch(world: int, fn_name: str, *args: Any) -> tuple[list[Any], float]:
 
 
 def _options(stage: int, universal: bool = False) -> Any:
+    from ucp_restart import universal_options
+
     from nereus.engines.deepspeed_engine import DeepSpeedOptions
-    from nereus.runtime.execution.ucp_restart import universal_options
 
     opts = DeepSpeedOptions(stage)
     return universal_options(opts) if universal else opts
@@ -174,8 +175,7 @@ def save_job(rank: int, world: int, store: Any, model: str, stage: int,
              path: str) -> float:
     """The source unit (the same state as the live job's) saved by DeepSpeed; seconds."""
     import torch.distributed as dist
-
-    from nereus.runtime.execution import ucp_restart
+    import ucp_restart
 
     unit = _build(model, rank, tuple(range(world)), stage)
     _fill(unit)
@@ -190,8 +190,7 @@ def restart_job(rank: int, world: int, store: Any, model: str, stage: int,
                 path: str) -> dict[str, Any]:
     """A fresh job at the target DP: build (universal loading) and load; the state's hash."""
     import torch.distributed as dist
-
-    from nereus.runtime.execution import ucp_restart
+    import ucp_restart
 
     t0 = time.perf_counter()
     unit = _build(model, rank, tuple(range(world)), stage, initialize=False, universal=True)
@@ -204,7 +203,7 @@ def restart_job(rank: int, world: int, store: Any, model: str, stage: int,
 
 def rows(model: str, stages: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
     """Every row: live against restart, per ZeRO stage."""
-    from nereus.runtime.execution import ucp_restart
+    import ucp_restart
 
     out = []
     for stage in stages:

@@ -1,5 +1,7 @@
 """DeepSpeed's Universal Checkpoint restart: the baseline a live ZeRO DP change is measured
-against (effectful; the paper's UCP).
+against (effectful; the paper's UCP). It lives with the benchmarks, not in the package: it
+reads DeepSpeed's checkpoint files with ``torch.load`` (unpickling), which the runtime never does
+(docs/security.md).
 
 Three steps, each DeepSpeed's own: ``engine.save_checkpoint`` in the running job (every DP rank
 writes its ZeRO partition), ``deepspeed.checkpoint.ds_to_universal`` (a separate process: one
