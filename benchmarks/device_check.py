@@ -294,6 +294,9 @@ def part_c_worker(dry_run: bool) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.unit_training import train_step  # the tests' training probe, same step
+
     from nereus.cluster.devices import DeviceChoice, cpu_choice
     from nereus.cluster.transport import RankPlacement
     from nereus.emu.shards import tensor_specs
@@ -301,7 +304,6 @@ def part_c_worker(dry_run: bool) -> dict[str, Any]:
     from nereus.engines.megatron_model import StageGroups, prepare_device
     from nereus.runtime.execution.device import RankDevice
     from nereus.runtime.worker.state import load_global, new_unit_state
-    from nereus.runtime.worker.train import train_step
     from nereus.spec.model import MODEL_PRESETS
 
     torch.backends.cuda.matmul.allow_tf32 = False

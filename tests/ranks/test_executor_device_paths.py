@@ -172,11 +172,12 @@ def test_executor_paths_preserve_state_bit_for_bit(pool: Any, mode: str,
 def _train_and_sync(rank: int, world: int, store: Any, run_id: int) -> dict[str, Any]:
     """Two units of one model in bf16 with fp32 masters: train one a step on rank 0, weight
     sync into the other on rank 1 (staged), compare."""
+    from support.unit_training import train_step
+
     from nereus.emu.transfer import weight_sync_plan
     from nereus.runtime.execution.device import RankDevice
     from nereus.runtime.execution.torch_executor import TorchExecutor
     from nereus.runtime.worker.state import Counters, load_global
-    from nereus.runtime.worker.train import train_step
 
     cpu = RankDevice.cpu(rank, world)
     device = RankDevice(cpu.choice, cpu.placements, rank, dtype=torch.bfloat16)
