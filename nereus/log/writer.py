@@ -194,6 +194,7 @@ class RunLogWriter:
         left marked open is cleared with ``h5clear -s`` (hdf5-tools) when that is installed."""
         self = cls.__new__(cls)
         self.path = Path(path)
+        self._buffer = None  # a file, never a log in memory
         if not self.path.exists():
             raise ConfigError("log path", str(self.path), "does not exist; nothing to continue")
         self._file = _open_for_append(self.path)
