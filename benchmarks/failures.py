@@ -215,6 +215,15 @@ def _events(log: Path, kind: str) -> list[dict[str, Any]]:
     return [dict(d) for k, d in zip(ev["kind"], ev["detail"], strict=True) if k == kind]
 
 
+def _segment_started(log: Path, after: float) -> float:
+    """When the first run segment started after ``after`` wrote its ``run-start`` event."""
+    from nereus.log.reader import read_run_log
+
+    ev = read_run_log(log).events
+    return min(float(t) for k, t in zip(ev["kind"], ev["time_s"], strict=True)
+               if k == "run-start" and float(t) > after)
+
+
 def measure_preemption(steps: int, every: int, after_step: int, tmp: Path,
                        timeout_s: float) -> dict[str, Any]:
     """SIGUSR1 -> checkpoint -> --resume -> the resumed run's first step done, against a cold
@@ -256,7 +265,8 @@ def measure_preemption(steps: int, every: int, after_step: int, tmp: Path,
         "resume_from": Path(str(restart["from_checkpoint"])).name,
         "cold_s": cold_s, "cold_checkpoint_step": _step_of(kept[-1]),
         "cold_steps_lost": done_before - _step_of(kept[-1]),
-        "cold_up_s": read_run_log(log_c).created_unix_s - launched_c,
+        "cold_up_s": _segment_started(log_c, launched_c) - launched_c,
+        "resume_up_s": _segment_started(log, launched) - launched,
         "ratio": cold_s / resumed_s, "resume_launch_to_step_s": resumed_step_s,
     }
 
@@ -281,7 +291,7 @@ def _print_preemption(pr: dict[str, Any]) -> None:
           f"steps logged), stopped at the boundary before step {pr['stopped_at_step']}:")
     print(f"  preempt+resume {pr['resume_s']:7.2f} s signal -> resumed step done (checkpoint "
           f"and exit {pr['checkpoint_s']:.2f} s, --resume launch -> step "
-          f"{pr['resume_launch_to_step_s']:.2f} s), steps lost {pr['resume_steps_lost']} "
+          f"{pr['resume_launch_to_step_s']:.2f} s of which start-up {pr['resume_up_s']:.2f} s), steps lost {pr['resume_steps_lost']} "
           f"(from {pr['resume_from']})")
     print(f"  cold restart   {pr['cold_s']:7.2f} s from periodic checkpoint step "
           f"{pr['cold_checkpoint_step']} (start-up {pr['cold_up_s']:.2f} s), steps lost "
