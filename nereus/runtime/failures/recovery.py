@@ -100,6 +100,7 @@ class FailureHandler:
 
         self.enabled = ulfm_enabled(comm)
         self.preempt = PreemptWatch()  # installed by the worker before any thread starts
+        self.drained: list[int] = []  # ranks of drained nodes that left (nereus...failures.drain)
         self.restart: RestartPoint | None = None  # a resumed run's starting state
         self.segment = ""  # this run segment's name (rank 0's, told with the first plan)
         self.log_path = log_path
@@ -415,7 +416,8 @@ class FailureHandler:
         res.event = {**res.event, "lost_ranks": lost_original, "survivors": list(self.original),
                      "resume_step": res.step, "steps_lost": max(0, completed - res.step),
                      "restored_from": restored, "shrink_s": shrink_s,
-                     "decision": decision_dict(d), "log": self.log_path}
+                     "decision": decision_dict(d), "log": self.log_path,
+                     "drained": bool(self.drained)}  # ranks that exited on notice, not died
         return ctl.state.plan.to_dict()
 
     def resumed(self, plan: ExecutionPlan, globs: dict[str, Any], change: Any = None) -> None:
@@ -460,6 +462,7 @@ class FailureHandler:
                                                 "step": res.step})
         rec.transition(step, {"kind": "urgent", "predicted_s": 0.0}, plan, now - res.t_detect,
                        moved_bytes, [])
-        rec.console.print(f"  ranks {ev['lost_ranks']} died: {len(ev['survivors'])} survivors "
+        how = "of drained nodes exited" if ev.get("drained") else "died"
+        rec.console.print(f"  ranks {ev['lost_ranks']} {how}: {len(ev['survivors'])} survivors "
                           f"resume at step {res.step + 1} on {plan_label(plan)} "
                           f"(state from {ev['restored_from']}, {ev['recover_s']:.2f} s)")

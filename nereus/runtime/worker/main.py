@@ -338,8 +338,13 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     while step < rc.steps:
         ft.boundary(units, step, version)
         go = plane.broadcast(Message("step", plane.next_seq(), {
-            "step": step, "plan": version, "stop": ft.preempt.requested})
+            "step": step, "plan": version, "stop": ft.preempt.requested,
+            "leave": rank_zero.leaving(units.plan) if rank_zero and ft.enabled else []})
             if plane.is_root else None, "step")
+        if go.payload.get("leave"):  # a drained node's ranks exit; the others shrink to them
+            from nereus.runtime.failures.drain import leave_or_raise
+
+            leave_or_raise(rank, go.payload["leave"], ft, units, dev)
         if go.payload.get("stop"):  # preempted: every rank stops at this boundary
             code = _preempted(plane, ft, recorder, step)
             ft.disarm()
