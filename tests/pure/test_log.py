@@ -202,3 +202,18 @@ def test_reader_without_the_read_attempts_setting(
     cut.write_bytes(path.read_bytes()[:3000])
     with pytest.raises(LogFormatError, match="truncated"):
         read_run_log(cut)
+
+
+def test_a_continued_log_takes_new_rows_and_flushes(tmp_path: Path) -> None:
+    """``append_to`` (a resumed run) flushes like a new writer: the free-space check ran on an
+    attribute only ``__init__`` set, so the first flush of a continued log failed."""
+    path = tmp_path / "run.h5"
+    w = RunLogWriter(path, {}, {})
+    w.log_event(0, "preempted", {"step": 1})
+    w.close()
+    w = RunLogWriter.append_to(path, {"resumed": True})
+    w.log_event(1, "restart", {"step": 1})
+    w.flush()
+    w.close()
+    kinds = [str(k) for k in read_run_log(path).events["kind"]]
+    assert kinds == ["run-start", "preempted", "run-end", "run-start", "restart", "run-end"]

@@ -66,6 +66,7 @@ def test_example_events_parse_and_cli_overrides_drop_those_outside_the_run() -> 
     ({"steps": 0}, {}, "runtime.steps"),
     ({"events": [{"at_step": 1, "remove_node": 5}]}, {}, "runtime.events[0].remove_node"),
     ({"events": [{"at_step": 1}]}, {}, "runtime.events[0]"),
+    ({"events": [{"at_step": 1, "drain_node": 0}]}, {}, "runtime.events"),  # the controller's
     ({"force_transitions": [{"at_step": 0, "layouts": {"actor-train": [2, 3]}}]}, {},
      "runtime.force_transitions[0].layouts.actor-train"),
     ({"max_new_tokens": 500}, {}, "runtime.max_new_tokens"),
@@ -135,3 +136,9 @@ def test_ppo_rewards_put_the_score_on_the_last_response_token() -> None:
     assert r.tolist() == [[0.0, 0.5, 0.0], [0.0, 0.0, 1.0]]
     b = ppo_batch(torch.tensor([0.5, 1.0], dtype=torch.float64), zero, zero, zero, mask, 0.1, 1.0)
     assert float((b.returns * mask).sum()) == pytest.approx(0.5 * 2 + 1.0 * 3)
+
+
+def test_a_drain_event_parses_and_round_trips() -> None:
+    rc, _ = _parse({"events": [{"at_step": 1, "drain_node": 1}]})
+    assert [(e.at_step, e.kind, e.node) for e in rc.events] == [(1, "drain_node", 1)]
+    assert RunConfig.from_dict(rc.to_dict()).events == rc.events

@@ -66,6 +66,11 @@ class Resume:
     recorder: Any = None  # RunRecorder on the new rank 0
     event: dict[str, Any] = field(default_factory=dict)  # logged once the units exist
     t_detect: float = 0.0  # time.time() when this rank saw the failure
+    # growth through the transition DAG (nereus.runtime.mpi.growth): the plan the old ranks
+    # ran, the order whose DAG extends it onto the joined ranks, this rank's own shards of it
+    source: ExecutionPlan | None = None
+    order: Any = None
+    local: dict[Any, Any] = field(default_factory=dict)
 
 
 def survivor_setup(setup: Setup, alive: tuple[int, ...]) -> tuple[Setup, dict[int, int]]:
@@ -95,6 +100,7 @@ class FailureHandler:
 
         self.enabled = ulfm_enabled(comm)
         self.preempt = PreemptWatch()  # installed by the worker before any thread starts
+        self.drained: list[int] = []  # ranks of drained nodes that left (nereus...failures.drain)
         self.restart: RestartPoint | None = None  # a resumed run's starting state
         self.segment = ""  # this run segment's name (rank 0's, told with the first plan)
         self.log_path = log_path
@@ -410,11 +416,13 @@ class FailureHandler:
         res.event = {**res.event, "lost_ranks": lost_original, "survivors": list(self.original),
                      "resume_step": res.step, "steps_lost": max(0, completed - res.step),
                      "restored_from": restored, "shrink_s": shrink_s,
-                     "decision": decision_dict(d), "log": self.log_path}
+                     "decision": decision_dict(d), "log": self.log_path,
+                     "drained": bool(self.drained)}  # ranks that exited on notice, not died
         return ctl.state.plan.to_dict()
 
-    def resumed(self, plan: ExecutionPlan, globs: dict[str, Any]) -> None:
-        """Rank 0, once the survivors' units exist: log the failure and the urgent change."""
+    def resumed(self, plan: ExecutionPlan, globs: dict[str, Any], change: Any = None) -> None:
+        """Rank 0, once the survivors' units exist: log the failure and the urgent change
+        (``change``: the PlanChange of a growth whose DAG ran)."""
         res = self.resume
         if res is None or res.recorder is None:
             return
@@ -429,10 +437,18 @@ class FailureHandler:
         step = max(res.step - 1, 0)
         if ev.get("kind") == "growth":  # late nodes' ranks joined (nereus.runtime.mpi.growth)
             rec.log.log_event(step, "gpu-pool-growth", ev)
-            rec.transition(step, {"kind": "growth", "predicted_s": 0.0}, plan, now - res.t_detect,
-                           moved_bytes, [], executor="gather-reload",
-                           dag_detail={"reason": "new ranks spawned: the default group and the "
-                                                 "units were rebuilt from the gathered state"})
+            if change is not None and change.executor == "dag":
+                rec.transition(step, {"kind": "growth", "predicted_s": res.order.predicted_s},
+                               plan, now - res.t_detect, change.bytes_moved, [],
+                               executor="dag", primitives=change.primitives,
+                               dag_detail={"reason": "", "waves": change.waves,
+                                           "compilations": res.order.compilations})
+            else:
+                rec.transition(step, {"kind": "growth", "predicted_s": 0.0}, plan,
+                               now - res.t_detect, moved_bytes, [], executor="gather-reload",
+                               dag_detail={"reason": f"no transition DAG ({ev.get('reason')}): "
+                                                     "the units were rebuilt from the gathered "
+                                                     "state"})
             rec.console.print(f"  ranks {ev['joined_ranks']} joined: resume at step "
                               f"{res.step + 1} on {plan_label(plan)} ({ev['recover_s']:.2f} s)")
             return
@@ -446,6 +462,7 @@ class FailureHandler:
                                                 "step": res.step})
         rec.transition(step, {"kind": "urgent", "predicted_s": 0.0}, plan, now - res.t_detect,
                        moved_bytes, [])
-        rec.console.print(f"  ranks {ev['lost_ranks']} died: {len(ev['survivors'])} survivors "
+        how = "of drained nodes exited" if ev.get("drained") else "died"
+        rec.console.print(f"  ranks {ev['lost_ranks']} {how}: {len(ev['survivors'])} survivors "
                           f"resume at step {res.step + 1} on {plan_label(plan)} "
                           f"(state from {ev['restored_from']}, {ev['recover_s']:.2f} s)")

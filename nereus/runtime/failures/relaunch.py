@@ -139,7 +139,7 @@ def survivor_config(raw: Mapping[str, Any], survivors: Sequence[int], resume_dir
     runtime["failures"] = failures
     events = []
     for ev in runtime.get("events") or []:
-        node_key = next((k for k in ("remove_node", "add_node") if k in ev), None)
+        node_key = next((k for k in ("remove_node", "add_node", "drain_node") if k in ev), None)
         if node_key is None:
             events.append(ev)
         else:

@@ -53,6 +53,9 @@ class CpuPort:
     # (current, target, pool) → times planned: the controller's own tally (tests read it)
     compilations: dict[tuple[ExecutionPlan, ExecutionPlan, tuple[int, ...] | None], int] = field(
         default_factory=dict, compare=False, hash=False)
+    # GPUs of drained nodes: out of the pool, but their ranks still run, so their units are
+    # sources of the transition that moves the state off them (nereus.runtime.failures.drain)
+    draining: tuple[int, ...] = ()
 
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         return self.base.evaluate(plan, obs)
@@ -110,8 +113,10 @@ class CpuPort:
         key = (current, target, self.base.pool)
         self.compilations[key] = self.compilations.get(key, 0) + 1
         try:  # L̂_tran at the transition rates this run measured (nereus.transition.cost.rates)
-            return plan_transition(self.base.setup, current, target, self.base.pool,
-                                   self.base.calib)
+            alive = self.base.pool
+            if alive is not None and self.draining:
+                alive = tuple(sorted(set(alive) | set(self.draining)))
+            return plan_transition(self.base.setup, current, target, alive, self.base.calib)
         except (TransitionError, InfeasiblePlanError) as e:
             return PlannedTransition.restart(
                 restart_in_process_s(self.base.setup, current, target), str(e))
@@ -134,6 +139,7 @@ class RankZeroController:
         self.calib = default_calibration()
         self.state = ControllerState()
         self.pool: tuple[int, ...] = setup.cluster.all_gpus()
+        self.draining: tuple[int, ...] = ()  # see CpuPort.draining
         # transitions planned since the last boundary began (see CpuPort.compilations)
         self.compilations: dict[tuple[ExecutionPlan, ExecutionPlan, tuple[int, ...] | None],
                                 int] = {}
@@ -164,7 +170,7 @@ class RankZeroController:
 
     def port(self) -> CpuPort:
         return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts),
-                       self.compilations)
+                       self.compilations, self.draining)
 
     def initial(self) -> tuple[ExecutionPlan | None, Decision]:
         job = self.setup.job

@@ -102,6 +102,16 @@ class RankZero:
         self.cluster = cluster
         self.last_r0: dict[str, Any] | None = None  # the last completed step's batch values
         self.redone: set[int] = set()  # steps already redone after an out-of-memory error
+        self.draining: set[int] = set()  # GPUs of drained nodes whose ranks still run
+
+    def leaving(self, plan: ExecutionPlan) -> list[int]:
+        """The ranks of drained nodes that hold no unit of ``plan`` any more: they exit at this
+        boundary (their state was moved off by the plan change that left them)."""
+        used = {g for sp in plan.stages for g in sp.gpus}
+        out = sorted(g for g in self.draining if g not in used)
+        self.draining -= set(out)
+        self.ctl.draining = tuple(sorted(self.draining))
+        return out
 
     def redo_verdict(self, step: int, gathered: list[dict[str, Any]]) -> tuple[bool, str]:
         """(whether step ``step`` stopped and is redone, why the job must end instead — it
@@ -166,8 +176,11 @@ class RankZero:
             if ev.at_step != step or redo:  # applied at the boundary after the step completes
                 continue
             node = set(range(ev.node * gpn, (ev.node + 1) * gpn))
-            pool = set(self.ctl.pool) - node if ev.kind == "remove_node" \
+            pool = set(self.ctl.pool) - node if ev.kind in ("remove_node", "drain_node") \
                 else set(self.ctl.pool) | node
+            if ev.kind == "drain_node":  # its ranks exit once no unit is left on it
+                self.draining |= node
+                self.ctl.draining = tuple(sorted(self.draining))
             self.ctl.set_pool(sorted(pool))
             events.append(("gpu-pool-change", {**ev.to_dict(), "pool": list(self.ctl.pool)}))
         obs = Observation(step + 1, r0["len_mean"], r0["len_p95"], self.ctl.pool, step_s=step_s,

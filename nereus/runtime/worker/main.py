@@ -318,9 +318,15 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     globs, counters, start = ft.start_state(globs)
     if setup.cluster.gpu.vendor == "cpu" and not dev.on_gpu and retain_freed_memory():
         reserve(setup.cluster.gpu.memory_bytes)  # a virtual GPU: its memory mapped up front
-    units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0",
-                      device=dev)
-    ft.resumed(plan, globs)
+    if ft.resume is not None and ft.resume.order is not None:  # grown: the DAG extends
+        from nereus.runtime.mpi.growth import extend
+
+        units, grew = extend(comm, ft.resume, rank, rc.timeout_s, rc.lr, store, dev)
+        ft.resumed(plan, globs, grew)
+    else:
+        units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0",
+                          device=dev)
+        ft.resumed(plan, globs)
     account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
     inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
     version = 0
@@ -332,8 +338,13 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     while step < rc.steps:
         ft.boundary(units, step, version)
         go = plane.broadcast(Message("step", plane.next_seq(), {
-            "step": step, "plan": version, "stop": ft.preempt.requested})
+            "step": step, "plan": version, "stop": ft.preempt.requested,
+            "leave": rank_zero.leaving(units.plan) if rank_zero and ft.enabled else []})
             if plane.is_root else None, "step")
+        if go.payload.get("leave"):  # a drained node's ranks exit; the others shrink to them
+            from nereus.runtime.failures.drain import leave_or_raise
+
+            leave_or_raise(rank, go.payload["leave"], ft, units, dev)
         if go.payload.get("stop"):  # preempted: every rank stops at this boundary
             code = _preempted(plane, ft, recorder, step)
             ft.disarm()
@@ -382,8 +393,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         if max(order.pool) >= plane.world_size:  # a late node was granted: its ranks join
             from nereus.runtime.mpi.growth import Grown, grow
 
-            raise Grown(*grow(comm, units, ft, order.target, order.pool, step,
-                              worker_argv=sys.argv[1:]))
+            raise Grown(*grow(comm, units, ft, order, step, worker_argv=sys.argv[1:]))
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
         measured = _max_over_ranks(comm, time.perf_counter() - t1)

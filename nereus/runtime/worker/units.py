@@ -78,11 +78,14 @@ class PlanUnits:
                  lr: float, globs: dict[str, Glob], counters: dict[str, tuple[Counters, float]],
                  store: dist.Store, namespace: str,
                  adopted: Mapping[Emu, UnitState] | None = None,
-                 device: RankDevice | None = None) -> None:
+                 device: RankDevice | None = None,
+                 local: Mapping[Emu, LocalCopy] | None = None) -> None:
         """Build the plan's units from ``globs``/``counters``, or — when ``adopted`` is given
         (after a transition DAG, on every rank) — take this rank's units of the plan from it:
         then no unit group is created (the DAG made them), only the DP groups. ``device``: this
-        rank's device and every rank's placement (None: CPU ranks)."""
+        rank's device and every rank's placement (None: CPU ranks). ``local``: this rank's own
+        shards of its units (:func:`local_copy`), loaded instead of ``globs`` (a growth: the
+        old ranks' units rebuilt on the grown job's groups)."""
         self.device = device
         self.setup = setup
         self.plan = plan
@@ -115,6 +118,15 @@ class PlanUnits:
                     continue
                 self._groups += _groups_of(groups)
                 # on a GPU the values come from the logical state alone (load_global below)
+                if local is not None:
+                    values, (lc, adam) = local[emu]
+                    st = new_unit_state(spec, emu, global_rank, groups, lr=lr, step=adam,
+                                        counters=Counters(**vars(lc)), device=device,
+                                        initialize=False)
+                    load_local(st, values)
+                    enable_kv_cache(st.model, groups.tp)
+                    su.mine[dp_rank] = st
+                    continue
                 st = new_unit_state(spec, emu, global_rank, groups, lr=lr, step=adam_step,
                                     counters=Counters(**vars(c)), device=device,
                                     initialize=device is None or not device.on_gpu)
@@ -231,6 +243,24 @@ def assemble_global(spec: ModelSpec, pieces: list[Any]) -> Glob:
     for f, tensor, start, stop, arr in pieces:
         glob[f][tensor][tuple(slice(a, b) for a, b in zip(start, stop, strict=True))] = arr
     return glob
+
+
+# this rank's values of one unit (field -> local key -> array) and its counters
+LocalCopy = tuple[dict[str, dict[str, np.ndarray]], tuple[Counters, float]]
+
+
+def local_copy(st: UnitState) -> LocalCopy:
+    """A host copy of this rank's shards of a unit and its counters (no communication)."""
+    return st.snapshot(), counters_of(st)
+
+
+def load_local(st: UnitState, values: dict[str, dict[str, np.ndarray]]) -> None:
+    """Write a :func:`local_copy` back into a unit of the same EMU on this rank."""
+    live = st.tensors()
+    for f, d in values.items():
+        for k, arr in d.items():
+            live[f][k].copy_(torch.from_numpy(arr))
+    st.refresh_model()
 
 
 def counters_of(st: UnitState) -> tuple[Counters, float]:
