@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from nereus.errors import ConfigError
@@ -231,6 +231,19 @@ class ClusterSpec:
         ids): what costs the units placed on that type's GPUs."""
         return ClusterSpec(self.nodes, self.gpus_per_node, gpu, self.host_cores, self.hosts,
                            self.busy_gpus, (), self.host_gbps)
+
+    def with_capacity(self, gpu_ids: tuple[int, ...], memory_bytes: int) -> ClusterSpec:
+        """The cluster whose hardware types of ``gpu_ids`` offer ``memory_bytes`` each (what the
+        devices reported when they ran out of memory); the other types keep theirs."""
+        if not self.groups:
+            return replace(self, gpu=replace(self.gpu, memory_bytes=memory_bytes))
+        names = {self.type_name(g) for g in gpu_ids}
+
+        def lowered(gpu: GpuSpec) -> GpuSpec:
+            return replace(gpu, memory_bytes=memory_bytes) if gpu.name in names else gpu
+
+        return replace(self, gpu=lowered(self.gpu),
+                       groups=tuple(NodeGroup(g.count, lowered(g.gpu)) for g in self.groups))
 
     def same_transport(self, a: int, b: int) -> bool:
         """Whether GPUs ``a`` and ``b`` can share a device communicator (NCCL or RCCL): the same

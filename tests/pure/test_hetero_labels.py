@@ -85,3 +85,12 @@ def test_cross_vendor_groups_are_host_and_labelled_so() -> None:
             RankPlacement(1, "b", "cuda", "amd", "amd:0"))
     assert pair_transport(*gpus) == HOST
     assert label(HOST, gpus, [0, 1]) == "host:gloo-staged" + CROSS_VENDOR
+
+
+def test_a_capacity_drop_lowers_the_types_that_ran_out_only() -> None:
+    cl = _setup().cluster
+    low = cl.with_capacity((2,), 100_000_000)
+    assert [low.gpu_of(g).memory_bytes for g in range(4)] == [500_000_000] * 2 + [100_000_000] * 2
+    assert [t.name for t in low.types] == ["cpu-nvidia", "cpu-amd"]
+    one = parse_config({**LABELLED, "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu": "cpu"}})
+    assert one.setup.cluster.with_capacity((3,), 7).gpu.memory_bytes == 7

@@ -286,11 +286,14 @@ class RankZero:
         ctl = self.ctl
         events: list[tuple[str, dict[str, Any]]] = [("oom", e) for e in ooms]
         cap = min(int(e["capacity_bytes"]) for e in ooms)
-        gpu = ctl.setup.cluster.gpu
-        if cap < gpu.memory_bytes:
-            ctl.setup = replace(ctl.setup, cluster=replace(ctl.setup.cluster,
-                                                           gpu=replace(gpu, memory_bytes=cap)))
-            events.append(("capacity-change", {"from_bytes": gpu.memory_bytes, "to_bytes": cap}))
+        cl = ctl.setup.cluster
+        hit = tuple(sorted({int(e["global_rank"]) for e in ooms}))  # their types' capacity falls
+        had = min(cl.gpu_of(g).memory_bytes for g in hit)
+        if cap < had:
+            ctl.setup = replace(ctl.setup, cluster=cl.with_capacity(hit, cap))
+            events.append(("capacity-change", {"from_bytes": had, "to_bytes": cap, **(
+                {"hardware": sorted({cl.type_name(g) for g in hit})} if cl.heterogeneous
+                else {})}))
         obs = Observation(0, seen.r0["len_mean"], seen.r0["len_p95"], ctl.pool)
         base = ctl.calib
         predicted = gpu_memory(setup_for(ctl.setup, obs), plan, base)
