@@ -115,3 +115,12 @@ def label(transport: str, placements: Sequence[RankPlacement], members: Iterable
     else:
         name = "host:gloo-staged" if staged(ms, placements) else "host:gloo"
     return name + CROSS_VENDOR if len({placements[m].vendor for m in ms}) > 1 else name
+
+
+def summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Transfer groups by transport label, added over the ranks' counts."""
+    out: dict[str, int] = {}
+    for got in counts:
+        for name, n in got.items():
+            out[name] = out.get(name, 0) + int(n)
+    return out

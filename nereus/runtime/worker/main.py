@@ -192,6 +192,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
 
     import torch.distributed as dist
 
+    from nereus.cluster.transport import summed
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import ConfigError, InfeasiblePlanError
     from nereus.rl.sample_order import SampleOrder
@@ -362,7 +363,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
             redo, fail = rank_zero.redo_verdict(step, gathered)
             if setup.cluster.heterogeneous and recorder is not None:  # weights across types
                 recorder.event(step, "weight-sync", {
-                    "transports": _summed(g["sync_transports"] for g in gathered),
+                    "transports": summed(g["sync_transports"] for g in gathered),
                     "bytes": int(gathered[0].get("sync_bytes", 0))})
             order = None if fail else rank_zero.boundary(step, gathered, units.plan)
             order_d = None if order is None else order.to_wire()
@@ -394,7 +395,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         ft.due(step, "transition")
         measured = _max_over_ranks(comm, time.perf_counter() - t1)
         # the transfer groups of every rank, by transport
-        transports = _summed(frames.allgather(comm, change.transports, "transports"))
+        transports = summed(frames.allgather(comm, change.transports, "transports"))
         if plane.is_root:
             assert recorder is not None and rank_zero is not None
             rank_zero.transition_done(order, measured, change.executor, change.bytes_moved)
@@ -548,15 +549,6 @@ def _devices_event(dev: Any, rc: Any) -> dict[str, Any]:
             "rank0": dev.choice.to_dict(), "default_backend": default_backend(dev.placements),
             "dtype": str(dev.dtype).removeprefix("torch."), "pack": dev.packer.name,
             "generation": rc.generation, "generation_reason": dev.generation_reason}
-
-
-def _summed(counts: Any) -> dict[str, int]:
-    """Transfer groups by transport label, added over the ranks' counts."""
-    out: dict[str, int] = {}
-    for got in counts:
-        for name, n in got.items():
-            out[name] = out.get(name, 0) + int(n)
-    return out
 
 
 def _max_over_ranks(comm: Any, value: float) -> float:
