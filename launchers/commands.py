@@ -50,6 +50,10 @@ class LaunchSpec:
     label: bool = False
     mpi: str = "pmi2"
     ulfm: bool = False
+    # mpiexec only: a shell variable holding the host list (``host:slots,...``) the batch script
+    # computes (a heterogeneous job's hosts across its components); "" when unused
+    hosts_var: str = ""
+    mca: tuple[tuple[str, str], ...] = ()  # Open MPI only: extra ``--mca NAME VALUE`` pairs
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -63,6 +67,9 @@ class LaunchSpec:
         if self.nodes is not None and self.nodelist and len(self.nodelist) != self.nodes:
             raise ConfigError("launch.nodelist", self.nodelist,
                               f"names {len(self.nodelist)} hosts but nodes={self.nodes}")
+        if self.hosts_var and (self.nodelist or not _ENV_NAME.match(self.hosts_var)):
+            raise ConfigError("launch.hosts_var", self.hosts_var,
+                              "must be a shell variable name, without nodelist")
         for name in self.forward_env:
             if not _ENV_NAME.match(name):
                 raise ConfigError("launch.forward_env", name, "is not an environment variable name")
@@ -106,10 +113,14 @@ def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:
     """``mpiexec`` for Open MPI (with the TCP transport ULFM needs) or MPICH (hydra)."""
     if flavour not in MPI_FLAVOURS:
         raise ConfigError("launch.mpi_flavour", flavour, f"must be one of {MPI_FLAVOURS}")
-    if flavour == "mpich" and spec.ulfm:
+    if flavour == "mpich" and (spec.ulfm or spec.mca):
+        if spec.mca:
+            raise ConfigError("launch.mca", spec.mca, "Open MPI's flags (MPICH has no --mca)")
         raise ConfigError("launch.ulfm", True, "ULFM needs Open MPI (MPICH's did not work)")
     slots = _slots_per_host(spec)
     hosts = ",".join(f"{host}:{slots}" for host in spec.nodelist)
+    if spec.hosts_var:
+        hosts = f"${spec.hosts_var}"
     argv: list[str] = ["mpiexec"]
     if flavour == "openmpi":
         argv += ["--allow-run-as-root", "--oversubscribe"]
@@ -120,6 +131,8 @@ def mpiexec_argv(spec: LaunchSpec, flavour: str = "openmpi") -> tuple[str, ...]:
         if spec.ntasks_per_node is not None and not hosts:
             argv += ["--map-by", f"ppr:{spec.ntasks_per_node}:node"]
         argv += ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
+        for name, value in spec.mca:
+            argv += ["--mca", name, value]
         if spec.ulfm:
             argv += ["--with-ft", "ulfm"]
         if spec.cpu_bind == "none":

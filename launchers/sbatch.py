@@ -38,6 +38,23 @@ class SubmitError(NereusError):
 
 
 @dataclass(frozen=True)
+class HetComponent:
+    """One component of a heterogeneous job (``#SBATCH hetjob`` separates them): its partition
+    and shape."""
+
+    partition: str
+    nodes: int
+    ntasks_per_node: int
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+
+    def pairs(self) -> list[tuple[str, object]]:
+        return [("partition", self.partition), ("nodes", self.nodes),
+                ("ntasks_per_node", self.ntasks_per_node), ("gpus_per_node", self.gpus_per_node),
+                ("cpus_per_task", self.cpus_per_task)]
+
+
+@dataclass(frozen=True)
 class SbatchSpec:
     """Directives, setup lines and the launch of one batch job.
 
@@ -64,8 +81,17 @@ class SbatchSpec:
     setup_lines: tuple[str, ...] = ()
     positional: tuple[str, ...] = ()
     comment: tuple[str, ...] = ()
+    # A heterogeneous job: one component per partition (``nodes``, ``partition`` and the shape
+    # fields above stay unset; each component gives its own)
+    components: tuple[HetComponent, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.components and any(v is not None for v in (
+                self.nodes, self.ntasks_per_node, self.gpus_per_node, self.cpus_per_task,
+                self.partition)):
+            raise ConfigError("sbatch.components", len(self.components),
+                              "a heterogeneous job gives nodes, tasks, CPUs, GPUs and partition "
+                              "per component only")
         if self.launcher not in LAUNCHERS:
             raise ConfigError("sbatch.launcher", self.launcher, f"must be one of {LAUNCHERS}")
         if not re.match(r"^[A-Za-z0-9_.-]+$", self.job_name):
@@ -106,7 +132,12 @@ def _directives(spec: SbatchSpec) -> list[str]:
         ("no_kill", spec.no_kill), ("requeue", spec.requeue), ("no_requeue", not spec.requeue),
         ("signal", spec.signal_warning),
     ]
-    return [f"#SBATCH {d}" for d in [*slurm_flags(pairs), *spec.extra_directives]]
+    lines = [f"#SBATCH {d}" for d in [*slurm_flags(pairs), *spec.extra_directives]]
+    for i, comp in enumerate(spec.components):  # the first component's shape beside the job's
+        if i:
+            lines.append("#SBATCH hetjob")
+        lines += [f"#SBATCH {d}" for d in slurm_flags(comp.pairs())]
+    return lines
 
 
 _BODY = """\

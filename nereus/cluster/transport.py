@@ -100,11 +100,27 @@ def staged(members: Iterable[int], placements: Sequence[RankPlacement]) -> bool:
         placements[m].kind != CPU for m in members)
 
 
+CROSS_VENDOR = "+cross-vendor"  # the suffix of a group whose members are of several vendors
+
+
 def label(transport: str, placements: Sequence[RankPlacement], members: Iterable[int]) -> str:
     """How the log names a group's transport: ``device:nccl``, ``device:rccl``, ``host:gloo``
-    or ``host:gloo-staged``."""
+    or ``host:gloo-staged``; ``+cross-vendor`` appended when the members are of several vendors
+    (CPU ranks playing vendors included), so the log shows which transport every crossing
+    took."""
     ms = sorted(set(members))
     if transport == DEVICE:
         vendor = placements[ms[0]].vendor if ms else ""
-        return "device:rccl" if vendor == "amd" else "device:nccl"
-    return "host:gloo-staged" if staged(ms, placements) else "host:gloo"
+        name = "device:rccl" if vendor == "amd" else "device:nccl"
+    else:
+        name = "host:gloo-staged" if staged(ms, placements) else "host:gloo"
+    return name + CROSS_VENDOR if len({placements[m].vendor for m in ms}) > 1 else name
+
+
+def summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Transfer groups by transport label, added over the ranks' counts."""
+    out: dict[str, int] = {}
+    for got in counts:
+        for name, n in got.items():
+            out[name] = out.get(name, 0) + int(n)
+    return out

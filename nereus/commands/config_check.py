@@ -15,7 +15,7 @@ def summary(setup: Setup) -> str:
     gb = cluster.gpu.memory_bytes / 1e9
     if cluster.heterogeneous:
         parts = ", ".join(f"{g.count} nodes × {cluster.gpus_per_node} {g.gpu.name} "
-                          f"({g.gpu.vendor}, {g.gpu.memory_bytes / 1e9:g} GB each)"
+                          f"({g.gpu.plays}, {g.gpu.memory_bytes / 1e9:g} GB each)"
                           for g in cluster.groups)
         return (f"{job.algorithm} {job.mode}, {len(names)} model-stages ({', '.join(names)}), "
                 f"{cluster.num_gpus} GPUs ({parts})")

@@ -3,7 +3,9 @@
 Homogeneous: ``nodes: N`` with ``gpu`` and overrides at the section's level. Heterogeneous (per-node
 hardware): ``nodes: [{count: 2, gpu: h200}, {count: 2, gpu: mi300x, memory_per_gpu_gb: 180}]``,
 each group with its own preset and overrides (and ``name`` to tell apart two groups of one preset
-with different overrides); every group has the section's ``gpus_per_node``. ``host_gbps``: the
+with different overrides); every group has the section's ``gpus_per_node``. A group of CPU
+virtual devices may play a vendor (``{count: 1, gpu: cpu, vendor: nvidia}``, named
+``cpu-nvidia``): ``nereus run`` runs such a cluster on CPU ranks, two labels as two vendors. ``host_gbps``: the
 host transport's bandwidth per GPU pair (between vendors), GB/s.
 """
 
@@ -27,7 +29,10 @@ GPU_OVERRIDES: dict[str, tuple[str, float]] = {
     "comm_setup_s": ("comm_setup_s", 1.0),
 }
 CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "host_gbps", *GPU_OVERRIDES)
-GROUP_KEYS = ("count", "gpu", "name", "gpus_per_node", *GPU_OVERRIDES)
+GROUP_KEYS = ("count", "gpu", "name", "gpus_per_node", "vendor", *GPU_OVERRIDES)
+# ``vendor`` of a node group of CPU virtual devices: the vendor its ranks play (a heterogeneous
+# job run on CPU ranks: pairs of different labels take the host transport, as between vendors).
+CPU_LABELS = ("nvidia", "amd")
 DEFAULT_NODES = 1
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -85,6 +90,16 @@ def _missing_gpu(path: str) -> ConfigError:
     return ConfigError(path, None, f"missing; name a GPU preset: {', '.join(GPU_PRESETS)} (or auto)")
 
 
+def _labelled(path: str, value: Any, gpu: GpuSpec) -> GpuSpec:
+    """The CPU virtual device ``gpu`` playing vendor ``value`` (named ``cpu-<vendor>``)."""
+    if gpu.vendor != "cpu":
+        raise ConfigError(path, value, f"labels CPU virtual devices only (gpu: cpu); "
+                          f"{gpu.name} is a {gpu.vendor} device")
+    if value not in CPU_LABELS:
+        raise ConfigError(path, value, f"must be one of {', '.join(CPU_LABELS)}")
+    return replace(gpu, name=f"{gpu.name}-{value}", label=str(value))
+
+
 def _node_groups(path: str, raw: Any, per_node: int) -> tuple[NodeGroup, ...]:
     """The node groups of ``cluster.nodes`` given as a list."""
     if not raw or not all(isinstance(item, dict) for item in raw):
@@ -107,6 +122,8 @@ def _node_groups(path: str, raw: Any, per_node: int) -> tuple[NodeGroup, ...]:
                                   f"every node group has the cluster's gpus_per_node ({per_node}): "
                                   "GPU ids are node·gpus_per_node + local index")
         gpu = _overridden(at, item, gpu_preset(f.join(at, "gpu"), item["gpu"]))
+        if "vendor" in item:
+            gpu = _labelled(f.join(at, "vendor"), item["vendor"], gpu)
         if "name" in item:
             gpu = replace(gpu, name=f.name(f.join(at, "name"), item["name"]))
         for j, g in enumerate(groups):

@@ -27,6 +27,8 @@ default — vLLM when the ranks are on GPUs and vLLM imports, else Megatron-core
 by :func:`resolve_generation`; ``megatron`` — Megatron-core's static inference with a KV cache on
 the ranks' device; ``vllm`` — vLLM on CUDA GPUs, :mod:`nereus.engines.vllm_engine`; checked
 here: vLLM and a CUDA device must be present and the actor a Llama-family architecture),
+A cluster of node groups (``cluster.nodes`` a list) runs when every group is CPU virtual devices
+labelled as a vendor (``{count: 1, gpu: cpu, vendor: nvidia}``), one rank per GPU of every group.
 ``device`` (``auto``, default: a GPU per rank when the cluster names a GPU and the rank has one,
 else the CPU; ``cpu``; ``cuda``: a GPU or an error — :mod:`nereus.cluster.devices`),
 ``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
@@ -192,16 +194,14 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                           "nereus run keeps every replica's whole optimizer state (DESIGN.md §2.2); "
                           "the distributed optimizer is for nereus plan and simulate")
     cl = setup.cluster
-    if cl.heterogeneous:
-        raise ConfigError("cluster.nodes", "+".join(f"{g.count}×{g.gpu.name}" for g in cl.groups),
-                          "nereus run does not run mixed hardware yet: plan and simulate it "
-                          "(nereus plan, nereus simulate)")
     n = ranks if ranks is not None else raw.get("ranks", cl.num_gpus)
     where = "--ranks" if ranks is not None else "runtime.ranks"
     n = f.positive_int(where, n, "MAX_RANKS")
     if n < 1:
         raise ConfigError(where, n, "must be at least 1 (rank 0 controls and works; see docs)")
-    if n <= cl.gpus_per_node:
+    if cl.heterogeneous:
+        cluster = _labelled_cluster(cl, where, n)
+    elif n <= cl.gpus_per_node:
         cluster = ClusterSpec(1, n, cl.gpu)
     elif n % cl.gpus_per_node:
         raise ConfigError(where, n, f"must be at most or a multiple of gpus_per_node="
@@ -212,7 +212,9 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     if "memory_per_rank_gb" in raw:
         mem_gb = f.positive_float("runtime.memory_per_rank_gb", raw["memory_per_rank_gb"],
                                   "MAX_MEMORY_GB")
-        cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)))
+        cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=round(mem_gb * 1e9)),
+                          groups=tuple(replace(g, gpu=replace(g.gpu, memory_bytes=round(
+                              mem_gb * 1e9))) for g in cluster.groups))
     if cluster.gpu.vendor == "cpu" and host_cores > 0:
         cluster = replace(cluster, host_cores=host_cores, hosts=1)
     # The runtime executes pipelines of equal stages and DP degrees that divide the batch (its
@@ -284,6 +286,21 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         inject_oom=_injected_oom(raw.get("inject_oom"), n, n_steps),
     )
     return rc, setup
+
+
+def _labelled_cluster(cl: ClusterSpec, where: str, n: int) -> ClusterSpec:
+    """The cluster of node groups ``nereus run`` executes: CPU virtual devices playing vendors
+    (``cluster.nodes[i].vendor``), one rank per GPU of every group."""
+    for i, g in enumerate(cl.groups):
+        if g.gpu.vendor != "cpu":
+            raise ConfigError(f"cluster.nodes[{i}].gpu", g.gpu.name,
+                              "nereus run runs node groups of CPU virtual devices labelled as "
+                              "vendors only ({gpu: cpu, vendor: nvidia|amd}); plan and simulate "
+                              "mixed GPUs (nereus plan, nereus simulate)")
+    if n != cl.num_gpus:
+        raise ConfigError(where, n, f"a cluster of node groups runs one rank per GPU of every "
+                          f"group: {cl.num_gpus}")
+    return cl
 
 
 def _list(path: str, value: Any) -> list[Any]:

@@ -67,12 +67,12 @@ def by_type(result: PlanResult, setup: Setup) -> list[str]:
         t = share.gpu
         cap = memory_capacity_bytes(typed_setup(setup, t))
         lines.append(
-            f"  {t.name} ({t.vendor}, {_gb(cap)} GB usable): {len(share.used_gpus)} of "
+            f"  {t.name} ({t.plays}, {_gb(cap)} GB usable): {len(share.used_gpus)} of "
             f"{len(cl.gpus_of(t))} GPUs — {', '.join(share.stages) or 'idle'}")
     for sp in result.plan.stages:
         names = sorted({cl.type_name(g) for g in sp.gpus})
         if len(names) > 1:
-            vendors = {cl.gpu_of(g).vendor for g in sp.gpus}
+            vendors = {cl.gpu_of(g).plays for g in sp.gpus}
             link = "host transport" if len(vendors) > 1 else "inter-node link"
             why = (f"gradient sync over the {link}, and still faster" if
                    setup.job.workflow.by_name(sp.name).trainable else "no gradient sync; faster")

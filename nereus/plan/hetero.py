@@ -78,7 +78,7 @@ def type_errors(cluster: ClusterSpec, plan: ExecutionPlan) -> list[str]:
 
 def link_bps(cluster: ClusterSpec, a: GpuSpec, b: GpuSpec) -> float:
     """Nominal bytes/s between GPUs of types ``a`` and ``b`` on different nodes."""
-    if a.vendor != b.vendor:
+    if a.plays != b.plays:
         return cluster.host_gbps * 1e9
     return min(a.inter_node_gbps, b.inter_node_gbps) * 1e9
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from nereus.errors import ConfigError
@@ -42,6 +42,15 @@ class GpuSpec:
     intra_node_gbps: float  # NVLink / Infinity Fabric (CPU: loopback)
     inter_node_gbps: float  # InfiniBand / Slingshot (CPU: loopback TCP)
     comm_setup_s: float = 0.05  # creating one communicator (NCCL/RCCL/gloo) for a transition
+    # The vendor a CPU virtual device plays in a heterogeneous job run on CPU ranks
+    # (``cluster.nodes[i].vendor``): its pairs with the other label are cross-vendor pairs.
+    label: str = ""
+
+    @property
+    def plays(self) -> str:
+        """The vendor that decides transports and links: the label of a labelled CPU virtual
+        device, else the vendor."""
+        return self.label or self.vendor
 
 
 H200 = GpuSpec(
@@ -223,10 +232,23 @@ class ClusterSpec:
         return ClusterSpec(self.nodes, self.gpus_per_node, gpu, self.host_cores, self.hosts,
                            self.busy_gpus, (), self.host_gbps)
 
+    def with_capacity(self, gpu_ids: tuple[int, ...], memory_bytes: int) -> ClusterSpec:
+        """The cluster whose hardware types of ``gpu_ids`` offer ``memory_bytes`` each (what the
+        devices reported when they ran out of memory); the other types keep theirs."""
+        if not self.groups:
+            return replace(self, gpu=replace(self.gpu, memory_bytes=memory_bytes))
+        names = {self.type_name(g) for g in gpu_ids}
+
+        def lowered(gpu: GpuSpec) -> GpuSpec:
+            return replace(gpu, memory_bytes=memory_bytes) if gpu.name in names else gpu
+
+        return replace(self, gpu=lowered(self.gpu),
+                       groups=tuple(NodeGroup(g.count, lowered(g.gpu)) for g in self.groups))
+
     def same_transport(self, a: int, b: int) -> bool:
         """Whether GPUs ``a`` and ``b`` can share a device communicator (NCCL or RCCL): the same
         vendor, and not CPU ranks (those always use the host transport anyway)."""
-        return self.gpu_of(a).vendor == self.gpu_of(b).vendor
+        return self.gpu_of(a).plays == self.gpu_of(b).plays
 
     def pair_gbps(self, a: int, b: int) -> float:
         """Nominal GB/s of a transfer from GPU ``a`` to GPU ``b``: the intra-node link inside a
@@ -235,6 +257,6 @@ class ClusterSpec:
         ga, gb = self.gpu_of(a), self.gpu_of(b)
         if a // self.gpus_per_node == b // self.gpus_per_node:
             return ga.intra_node_gbps
-        if ga.vendor != gb.vendor:
+        if ga.plays != gb.plays:
             return self.host_gbps
         return min(ga.inter_node_gbps, gb.inter_node_gbps)

@@ -81,7 +81,7 @@ class Links:
         ta, tb = cl.gpu_of(a), cl.gpu_of(b)
         if a // self.gpn == b // self.gpn:
             return self._by_type[ta.name][0]
-        if ta.vendor != tb.vendor:
+        if ta.plays != tb.plays:
             return cl.host_gbps * 1e9
         return min(self._by_type[ta.name][1], self._by_type[tb.name][1])
 
@@ -95,7 +95,7 @@ def transport_of(cluster: ClusterSpec, a: int, b: int) -> str:
     between vendors and for CPU ranks, as :func:`nereus.cluster.transport.pair_transport`
     decides for placed ranks."""
     ga, gb = cluster.gpu_of(a), cluster.gpu_of(b)
-    return "host" if ga.vendor != gb.vendor or ga.vendor == "cpu" else "device"
+    return "host" if ga.plays != gb.plays or ga.vendor == "cpu" else "device"
 
 
 def transfer_links(dag: TransitionDag, cluster: ClusterSpec, calib: Calibration | None = None
@@ -119,7 +119,7 @@ def rates(cluster: ClusterSpec, calib: Calibration | None = None) -> TransitionR
         types = cluster.types
         bps = [_type_bps(t, calib) for t in types]
         inter = min(b[1] for b in bps)
-        if len({t.vendor for t in types}) > 1:
+        if len({t.plays for t in types}) > 1:
             inter = min(inter, cluster.host_gbps * 1e9)
         if calib is None:
             return TransitionRates(cluster.gpus_per_node, min(b[0] for b in bps), inter,

@@ -114,6 +114,8 @@ MinJobAge=300
 SlurmdParameters=config_overrides
 NodeName=n[1-{len(NODE_NAMES)}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{slurmd_base_port}-{last}] CPUs={NODE_CPUS} RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=nvidia Nodes=n1 MaxTime=INFINITE State=UP
+PartitionName=amd Nodes=n[2-{len(NODE_NAMES)}] MaxTime=INFINITE State=UP
 """
 
 

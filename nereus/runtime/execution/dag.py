@@ -140,7 +140,9 @@ def run_dag(setup: Setup, dag: TransitionDag, held: Mapping[Emu, UnitState], glo
     ex = RankDagExecutor(setup, dag, held, global_rank, store, namespace, timeout_s=timeout_s,
                          lr=lr, device=device)
     t0 = time.perf_counter()
-    drive(Scheduler(dag, capacity_bytes=setup.cluster.gpu.memory_bytes), ex)
+    # the smallest device of the cluster (node groups of several types: the tightest bound)
+    capacity = min(t.memory_bytes for t in setup.cluster.types)
+    drive(Scheduler(dag, capacity_bytes=capacity), ex)
     ex.run.seconds = time.perf_counter() - t0
     for tex in ex.executors.values():
         for name, n in tex.transports.items():

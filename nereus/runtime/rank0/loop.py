@@ -64,6 +64,19 @@ class Observed:
 
 
 @dataclass(frozen=True)
+class TypeFit:
+    """The calibration of one hardware type at a boundary: its model-stages' times against
+    their prediction, the op-level samples derived from them, the refitted efficiencies and
+    fixed costs."""
+
+    hardware: str
+    stage_times: list[tuple[str, float, float]]  # name, predicted, measured
+    samples: list[tuple[str, float, float]]  # op class, ideal, measured
+    efficiencies: dict[str, float]
+    fixed_s: dict[str, float]
+
+
+@dataclass(frozen=True)
 class Calibrated:
     """What the boundary's measurements changed: the stage times against their prediction, the
     op-level samples derived from them, the refitted efficiencies and fixed costs; the OOMs'
@@ -71,10 +84,7 @@ class Calibrated:
 
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     say: str = ""
-    stage_times: list[tuple[str, float, float]] = field(default_factory=list)  # name, pred, meas
-    samples: list[tuple[str, float, float]] = field(default_factory=list)  # class, ideal, meas
-    efficiencies: dict[str, float] = field(default_factory=dict)
-    fixed_s: dict[str, float] = field(default_factory=dict)
+    fits: list[TypeFit] = field(default_factory=list)  # one per hardware type the plan uses
 
 
 @dataclass(frozen=True)
@@ -201,17 +211,34 @@ class RankZero:
         """Each model-stage's measured time becomes a sample of the cost model's parameters
         (op-class efficiencies, fixed costs per event); the window of recent samples —
         transitions included — is refitted (:func:`nereus.cost.fit.fit`), and the next replan
-        plans with the result."""
-        ctl = self.ctl
+        plans with the result. On a cluster of several hardware types each type is fitted on
+        its own model-stages' samples (a model-stage's type: that of its first GPU; units never
+        span types), costed with that type's spec."""
         ran_on = tuple(sorted({g for sp in plan.stages for g in sp.gpus}))  # the ranks busy
-        s = setup_for(ctl.setup, Observation(seen.step, seen.r0["len_mean"], seen.r0["len_p95"],
-                                             ran_on))
+        s = setup_for(self.ctl.setup, Observation(seen.step, seen.r0["len_mean"],
+                                                  seen.r0["len_p95"], ran_on))
+        cl = s.cluster
+        if not cl.heterogeneous:
+            return self._fit_type(seen, plan.stages, s, "")
+        from nereus.plan.hetero import typed_setup
+
+        fits: list[TypeFit] = []
+        for t in cl.types:
+            stages = [sp for sp in plan.stages if sp.gpus and cl.gpu_of(sp.gpus[0]) == t]
+            if stages:
+                fits.extend(self._fit_type(seen, stages, typed_setup(s, t), t.name).fits)
+        return Calibrated(fits=fits)
+
+    def _fit_type(self, seen: Observed, stages: Any, s: Any, tag: str) -> Calibrated:
+        """The fit of one hardware type (``s``: the setup costing it; ``tag``: its name on a
+        mixed cluster, whose samples the window keeps apart; "" on one type)."""
+        ctl = self.ctl
         gpu, wf, gpn = s.cluster.gpu, s.job.workflow, s.cluster.gpus_per_node
         before = ctl.calib
         stage_times: list[tuple[str, float, float]] = []
         logged: list[tuple[str, float, float]] = []
         new: list[Sample] = []
-        for sp in plan.stages:
+        for sp in stages:
             measured = seen.stage_s.get(sp.name, 0.0)
             if not measured > 0:
                 continue
@@ -221,22 +248,25 @@ class RankZero:
             sample = stage_sample(lat, counts, measured, gpu, before,
                                   inter_node=sp.dp * sp.tp * sp.pp > gpn,
                                   contention=s.cluster.contention)
-            new.append(sample)
+            new.append(replace(sample, label=f"{tag}:{sample.label}") if tag else sample)
             stage_times.append((sp.name, lat.total_s, measured))
             share = measured / lat.total_s if lat.total_s > 0 else 0.0
             for op_value, ideal in sample.ideal:  # the measured time, by predicted share
                 inv = 1.0 / before.efficiency(gpu, OpClass(op_value))
                 logged.append((op_value, ideal, ideal * inv * share))
-        ctl.fit_samples = (ctl.fit_samples + new)[-STAGE_WINDOW:]
-        window = ctl.fit_samples + ctl.transition_samples
+        kinds = max(1, len(ctl.setup.cluster.types))  # each type keeps a window of its own
+        ctl.fit_samples = (ctl.fit_samples + new)[-STAGE_WINDOW * kinds:]
+        own = [x for x in ctl.fit_samples if not tag or x.label.startswith(f"{tag}:")]
+        window = own[-STAGE_WINDOW:] + ctl.transition_samples
         inverse = {op.value: 1.0 / before.efficiency(gpu, op) for op in OpClass}
         fixed = {k: before.fixed_s(gpu, k) for k in FIT_EVENTS}
         x_inv, x_fixed = fit(window, inverse, fixed)
         effs = {k: 1.0 / v for k, v in x_inv.items()}
         ctl.calib = before.with_fit(gpu, effs, x_fixed)
-        return Calibrated(stage_times=stage_times, samples=logged,
-                          efficiencies={k: ctl.calib.efficiency(gpu, OpClass(k)) for k in effs},
-                          fixed_s={k: ctl.calib.fixed_s(gpu, k) for k in x_fixed})
+        return Calibrated(fits=[TypeFit(
+            gpu.name, stage_times, logged,
+            {k: ctl.calib.efficiency(gpu, OpClass(k)) for k in effs},
+            {k: ctl.calib.fixed_s(gpu, k) for k in x_fixed})])
 
     def transition_done(self, order: PlanChangeOrder, measured_s: float, executor: str,
                         moved_bytes: int) -> None:
@@ -269,11 +299,14 @@ class RankZero:
         ctl = self.ctl
         events: list[tuple[str, dict[str, Any]]] = [("oom", e) for e in ooms]
         cap = min(int(e["capacity_bytes"]) for e in ooms)
-        gpu = ctl.setup.cluster.gpu
-        if cap < gpu.memory_bytes:
-            ctl.setup = replace(ctl.setup, cluster=replace(ctl.setup.cluster,
-                                                           gpu=replace(gpu, memory_bytes=cap)))
-            events.append(("capacity-change", {"from_bytes": gpu.memory_bytes, "to_bytes": cap}))
+        cl = ctl.setup.cluster
+        hit = tuple(sorted({int(e["global_rank"]) for e in ooms}))  # their types' capacity falls
+        had = min(cl.gpu_of(g).memory_bytes for g in hit)
+        if cap < had:
+            ctl.setup = replace(ctl.setup, cluster=cl.with_capacity(hit, cap))
+            events.append(("capacity-change", {"from_bytes": had, "to_bytes": cap, **(
+                {"hardware": sorted({cl.type_name(g) for g in hit})} if cl.heterogeneous
+                else {})}))
         obs = Observation(0, seen.r0["len_mean"], seen.r0["len_p95"], ctl.pool)
         base = ctl.calib
         predicted = gpu_memory(setup_for(ctl.setup, obs), plan, base)
@@ -339,8 +372,9 @@ class RankZero:
         if not redo:
             rec.step(step, step_s=seen.step_s, stage_s=seen.stage_s, peaks=seen.peaks,
                      pool_gpus=len(seen.pool_before), r0=seen.r0, plan=plan)
-            rec.calibration(step, self.ctl.setup.cluster.gpu.name, calibrated.stage_times,
-                            calibrated.samples, calibrated.efficiencies, calibrated.fixed_s)
+            for tf in calibrated.fits:
+                rec.calibration(step, tf.hardware, tf.stage_times, tf.samples, tf.efficiencies,
+                                tf.fixed_s)
         redone = [("step-redone", {"step": step, "seconds": seen.step_s,
                                    "replan": decided.order is not None})] if redo else []
         for kind, payload in [*seen.events, *calibrated.events, *decided.events, *redone]:

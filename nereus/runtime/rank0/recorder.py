@@ -40,7 +40,7 @@ class RunRecorder:
         self.rc = rc
         self.console = Console(highlight=False, width=200)
         meta = {"command": "nereus run", "ranks": rc.ranks, "steps": rc.steps,
-                "hardware": setup.cluster.gpu.name, "nodes": setup.cluster.nodes,
+                "hardware": "+".join(t.name for t in setup.cluster.types), "nodes": setup.cluster.nodes,
                 "gpus_per_node": setup.cluster.gpus_per_node, "algorithm": setup.job.algorithm}
         self.log = (RunLogWriter.append_to(path, {"resumed": True, "plan": plan.to_dict(),
                                                   "ranks": rc.ranks, "nodes": setup.cluster.nodes})

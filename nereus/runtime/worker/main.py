@@ -192,6 +192,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
 
     import torch.distributed as dist
 
+    from nereus.cluster.transport import summed
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import ConfigError, InfeasiblePlanError
     from nereus.rl.sample_order import SampleOrder
@@ -316,8 +317,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     rank_zero = None if ctl is None or recorder is None else RankZero(
         ctl, recorder, rc, cluster=ft.cluster_watch())
     globs, counters, start = ft.start_state(globs)
-    if setup.cluster.gpu.vendor == "cpu" and not dev.on_gpu and retain_freed_memory():
-        reserve(setup.cluster.gpu.memory_bytes)  # a virtual GPU: its memory mapped up front
+    mine = setup.cluster.gpu_of(rank)  # this rank's hardware (its node group's, if mixed)
+    if mine.vendor == "cpu" and not dev.on_gpu and retain_freed_memory():
+        reserve(mine.memory_bytes)  # a virtual GPU: its memory mapped up front
     if ft.resume is not None and ft.resume.order is not None:  # grown: the DAG extends
         from nereus.runtime.mpi.growth import extend
 
@@ -363,12 +365,17 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         step_s = time.perf_counter() - t0
         ft.preempt.step_ended(step_s)
         ft.due(step, "step")  # an injected death of this step lands inside it
-        gathered = plane.gather({"rank": rank, "step_s": step_s, **res})
+        gathered = plane.gather({"rank": rank, "step_s": step_s, **res,
+                                 "sync_transports": units.sync_transports})
         order_d: dict[str, Any] | None = None
         redo, fail = False, ""
         if plane.is_root:  # observe → calibrate → decide → log (rank0/loop.py)
             assert rank_zero is not None and gathered is not None
             redo, fail = rank_zero.redo_verdict(step, gathered)
+            if setup.cluster.heterogeneous and recorder is not None:  # weights across types
+                recorder.event(step, "weight-sync", {
+                    "transports": summed(g["sync_transports"] for g in gathered),
+                    "bytes": int(gathered[0].get("sync_bytes", 0))})
             order = None if fail else rank_zero.boundary(step, gathered, units.plan)
             order_d = None if order is None else order.to_wire()
         msg = plane.broadcast(Message("plan", plane.next_seq(), {
@@ -397,10 +404,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
         measured = _max_over_ranks(comm, time.perf_counter() - t1)
-        transports: dict[str, int] = {}  # the transfer groups of every rank, by transport
-        for got in frames.allgather(comm, change.transports, "transports"):
-            for name, n in got.items():
-                transports[name] = transports.get(name, 0) + int(n)
+        # the transfer groups of every rank, by transport
+        transports = summed(frames.allgather(comm, change.transports, "transports"))
         if plane.is_root:
             assert recorder is not None and rank_zero is not None
             rank_zero.transition_done(order, measured, change.executor, change.bytes_moved)
@@ -519,8 +524,11 @@ def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
         return choice, job.node_name or _hostname()
 
     choice, node = _agree(plane, choose)
-    placed = frames.allgather(comm, RankPlacement.of(plane.global_rank, node, choice).to_dict(),
-                              "placement")
+    mine = RankPlacement.of(plane.global_rank, node, choice)
+    played = setup.cluster.gpu_of(plane.global_rank).label
+    if not choice.on_gpu and played:  # a CPU rank playing a vendor (cluster.nodes[i].vendor)
+        mine = replace(mine, vendor=played)
+    placed = frames.allgather(comm, mine.to_dict(), "placement")
     placements = tuple(RankPlacement.from_dict(p) for p in placed)
     dev = RankDevice(choice, placements, plane.global_rank)
 

@@ -200,13 +200,14 @@ def account_for_run(global_rank: int, setup: Setup, capacity_drop: tuple[int, fl
     on a CPU rank; on a GPU the configured capacity, at most the device's, enforced on its
     allocator), the planner's workspace reserve, the configured drop (GB → bytes as
     ``runtime.memory_per_rank_gb``), an injected out-of-memory error for this rank."""
-    reserve = CPU_WORKSPACE_BYTES if setup.cluster.gpu.vendor == "cpu" else WORKSPACE_BYTES
+    gpu = setup.cluster.gpu_of(global_rank)  # this rank's hardware (a node group's, if mixed)
+    reserve = CPU_WORKSPACE_BYTES if gpu.vendor == "cpu" else WORKSPACE_BYTES
     drop = None if capacity_drop is None else (capacity_drop[0], round(capacity_drop[1] * 1e9))
     dm = None
     if device is not None and device.type == "cuda":
-        dm = DeviceMemory(device, setup.cluster.gpu.memory_bytes, reserve)
+        dm = DeviceMemory(device, gpu.memory_bytes, reserve)
     inject = inject_oom[1] if inject_oom is not None and inject_oom[0] == global_rank else None
-    return MemoryAccount(global_rank, setup.cluster.gpu.memory_bytes, reserve, drop, dm, inject)
+    return MemoryAccount(global_rank, gpu.memory_bytes, reserve, drop, dm, inject)
 
 
 def resident_bytes(units: Iterable[tuple[torch.nn.Module, Any]]) -> int:

@@ -96,6 +96,7 @@ class PlanUnits:
         self._store = store
         self._namespace = namespace
         self._sync_seq = 0
+        self.sync_transports: dict[str, int] = {}  # the last weight sync's groups, by transport
         to = timedelta(seconds=timeout_s)
         for sp in plan.stages:
             su = StageUnits(sp, stage_emus(sp))
@@ -150,6 +151,7 @@ class PlanUnits:
         """Copy parameters of every trained model-stage into its frozen copy (EMU transfer
         plan, one field); returns the bytes this plan moves between ranks."""
         moved = 0
+        self.sync_transports = {}
         for src, dst in SYNCS:
             if src not in self.stages or dst not in self.stages:
                 continue
@@ -165,6 +167,8 @@ class PlanUnits:
                 for dp_rank, st in su.mine.items():
                     ex.units[su.emus[dp_rank]] = st
             ex.weight_sync(plan)
+            for name, n in ex.transports.items():
+                self.sync_transports[name] = self.sync_transports.get(name, 0) + n
             moved += plan.bytes_moved
         return moved
 
