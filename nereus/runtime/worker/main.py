@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any
 
+from nereus.runtime.worker.binding import agreed, bind_device, devices_event, max_over_ranks
+
 ERROR_MARK = "NEREUS-RANK-ERROR"
 EXIT_CONFIG, EXIT_INFEASIBLE, EXIT_RANK = 2, 3, 4
 
@@ -45,21 +47,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rendezvous-dir", default="",
                    help="the job's private store folder (set by nereus run; else rank 0 makes one)")
     return p.parse_args(argv)
-
-
-def _agree(plane: Any, fn: Any) -> Any:
-    """Run ``fn`` on every rank; raise the first failure on every rank."""
-    from nereus.errors import NereusError
-
-    out, err, kind = None, "", ""
-    try:
-        out = fn()
-    except NereusError as e:
-        err, kind = str(e), type(e).__name__
-    except Exception as e:  # reported on every rank by agree
-        err, kind = f"{type(e).__name__}: {e}", "Exception"
-    plane.agree(not err, f"{kind}|{err}")
-    return out
 
 
 def _die_with_parent() -> None:
@@ -225,7 +212,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
 
         return detected_gpu()
 
-    found = _agree(plane, detect)
+    found = agreed(plane, detect)
     detected = frames.bcast(comm, None if found is None else asdict(found), 0, "gpu")
     detected = None if detected is None else GpuSpec(**detected)
 
@@ -237,14 +224,14 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                               f"ranks, the config starts {rc.start_ranks}")
         return cfg, rc, setup
 
-    cfg, rc, setup = _agree(plane, setup_all)
+    cfg, rc, setup = agreed(plane, setup_all)
     ft.preempt.configure(rc.failures.warning_s, rc.failures.kill_wait_s)
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
     elif ft.restart is None and (args.resume or rc.failures.resume):
-        ft.restart = _agree(plane, lambda: _restart_point(args.resume or rc.failures.resume,
+        ft.restart = agreed(plane, lambda: _restart_point(args.resume or rc.failures.resume,
                                                           setup))
-    dev, rc = _bind_device(plane, comm, rc, setup)
+    dev, rc = bind_device(plane, comm, rc, setup)
     if devices is not None:
         devices.append(dev)
 
@@ -272,7 +259,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
             raise InfeasiblePlanError(f"no plan fits the virtual cluster: {reason}")
         return plan
 
-    plan_d = _agree(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else kept_plan or
+    plan_d = agreed(plane, lambda: (ft.resume.plan.to_dict() if ft.resume else kept_plan or
                                     first_plan().to_dict()) if plane.is_root else None)
     told = plane.broadcast(Message("plan", plane.next_seq(), {
         "plan": plan_d, "segment": f"{int(time.time())}-{os.getpid()}"})
@@ -280,11 +267,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     plan = ExecutionPlan.from_dict(told["plan"])
     ft.segment = ft.segment or str(told["segment"])
     if plane.is_root:
-        recorder = _agree(plane, lambda: ft.resume.recorder if ft.resume else
+        recorder = agreed(plane, lambda: ft.resume.recorder if ft.resume else
                           RunRecorder(args.log, setup, rc, cfg, plan,
                                       append=_continues(args, ft)))
     else:
-        _agree(plane, lambda: None)
+        agreed(plane, lambda: None)
 
     from nereus.cluster.transport import default_backend
 
@@ -292,7 +279,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                backend=default_backend(dev.placements), timeout_s=rc.timeout_s,
                shared_parent=os.path.dirname(os.path.abspath(args.log)))
     if recorder is not None:
-        recorder.event(0, "devices", _devices_event(dev, rc))
+        recorder.event(0, "devices", devices_event(dev, rc))
     from datetime import timedelta
 
     from nereus.engines.megatron_model import StageGroups
@@ -403,7 +390,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
             raise Grown(*grow(comm, units, ft, order, step, worker_argv=sys.argv[1:]))
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
-        measured = _max_over_ranks(comm, time.perf_counter() - t1)
+        measured = max_over_ranks(comm, time.perf_counter() - t1)
         # the transfer groups of every rank, by transport
         transports = summed(frames.allgather(comm, change.transports, "transports"))
         if plane.is_root:
@@ -493,82 +480,6 @@ def _preempted(plane: Any, ft: Any, recorder: Any, step: int) -> int:
     ft.preempt.done()
     plane.agree(True)
     return EXIT_PREEMPTED
-
-
-def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
-    """Every rank: its device from the job environment and the node's inventory (agreed: a
-    ``runtime.device: cuda`` without a GPU is the same one-line error on every rank), bound
-    (``torch.cuda.set_device``) before any group or model exists; every rank's placement
-    (MPI all-gather), so every rank computes the same transports; ``runtime.generation: auto``
-    resolved as rank 0 sees it. Returns the rank's :class:`RankDevice` and the run config."""
-    from dataclasses import replace
-
-    from nereus.cluster.devices import select_device
-    from nereus.cluster.env import from_os_environ
-    from nereus.cluster.probe import device_facts
-    from nereus.cluster.transport import RankPlacement
-    from nereus.config.run import resolve_generation
-    from nereus.runtime.execution.device import RankDevice
-    from nereus.runtime.mpi import frames
-
-    def choose() -> Any:
-        job = from_os_environ()
-        choice = select_device(rc.device, device_facts(job), setup.cluster.gpu.vendor)
-        if choice.on_gpu:
-            import torch
-
-            from nereus.engines.megatron_model import prepare_device
-
-            torch.cuda.set_device(choice.index)
-            prepare_device(rc.seed)
-        return choice, job.node_name or _hostname()
-
-    choice, node = _agree(plane, choose)
-    mine = RankPlacement.of(plane.global_rank, node, choice)
-    played = setup.cluster.gpu_of(plane.global_rank).label
-    if not choice.on_gpu and played:  # a CPU rank playing a vendor (cluster.nodes[i].vendor)
-        mine = replace(mine, vendor=played)
-    placed = frames.allgather(comm, mine.to_dict(), "placement")
-    placements = tuple(RankPlacement.from_dict(p) for p in placed)
-    dev = RankDevice(choice, placements, plane.global_rank)
-
-    def generation() -> Any:
-        from nereus.engines.vllm_engine import vllm_unavailable_reason
-
-        on_gpu = all(p.kind == "cuda" for p in placements)
-        return resolve_generation(rc.generation, on_gpu, on_gpu and
-                                  vllm_unavailable_reason() is None, setup)
-
-    engine, why = frames.bcast(comm, list(generation()) if plane.is_root else None, 0,
-                               "generation")
-    dev.generation_reason = why
-    return dev, replace(rc, generation=engine)
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
-
-
-def _devices_event(dev: Any, rc: Any) -> dict[str, Any]:
-    """The log's record of where the ranks run (event ``devices``)."""
-    from nereus.cluster.transport import default_backend
-
-    return {"placements": [p.to_dict() for p in dev.placements],
-            "rank0": dev.choice.to_dict(), "default_backend": default_backend(dev.placements),
-            "dtype": str(dev.dtype).removeprefix("torch."), "pack": dev.packer.name,
-            "generation": rc.generation, "generation_reason": dev.generation_reason}
-
-
-def _max_over_ranks(comm: Any, value: float) -> float:
-    """The largest ``value`` of all ranks (a buffer-based MPI_Allreduce: nothing pickled)."""
-    import numpy as np
-    from mpi4py import MPI
-
-    out = np.zeros(1)
-    comm.Allreduce(np.array([value], dtype=np.float64), out, op=MPI.MAX)
-    return float(out[0])
 
 
 if __name__ == "__main__":
