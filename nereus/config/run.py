@@ -28,6 +28,11 @@ the ranks' device; ``vllm`` — vLLM on CUDA GPUs, :mod:`nereus.engines.vllm_eng
 here: vLLM and a CUDA device must be present and the actor a Llama-family architecture),
 ``device`` (``auto``, default: a GPU per rank when the cluster names a GPU and the rank has one,
 else the CPU; ``cpu``; ``cuda``: a GPU or an error — :mod:`nereus.cluster.devices`),
+``train_engine`` (``megatron``, default: the Megatron engine; ``deepspeed``: actor-train and
+critic-train run as DeepSpeed ZeRO units on CPU ranks, sync jobs only, their plan space pinned
+to tp = pp = 1 — :mod:`nereus.runtime.worker.zero_units`), ``deepspeed`` (``{stage: 1|2,
+config: {...}}``: the ZeRO stage and further DeepSpeed config keys; only with
+``train_engine: deepspeed``),
 ``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
 model-stage of step k — on a GPU a real allocation past the free memory, on a CPU rank the same
 error raised — to test that an OOM becomes an urgent replan with the step redone).
@@ -50,10 +55,13 @@ from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
-        "late_nodes", "generation", "device", "inject_oom")
+        "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed")
 EVENT_KINDS = ("remove_node", "add_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
+TRAIN_ENGINES = ("megatron", "deepspeed")
+ZERO_RUN_STAGES = (1, 2)  # the stages whose partitions the live re-partition reads
+ZERO_MODEL_STAGES = ("actor-train", "critic-train")  # what train_engine: deepspeed runs
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,31 @@ class ForcedTransition:
 
     def to_dict(self) -> dict[str, Any]:
         return {"at_step": self.at_step, "layouts": {k: list(v) for k, v in self.layouts}}
+
+
+@dataclass(frozen=True)
+class ZeroRunOptions:
+    """``runtime.deepspeed``: the ZeRO stage and further DeepSpeed config keys (checked by
+    DeepSpeed on the ranks: ``nereus.engines.deepspeed_engine.check_config``)."""
+
+    stage: int = 1
+    config: tuple[tuple[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "config": dict(self.config)}
+
+    @staticmethod
+    def parse(raw: Any) -> ZeroRunOptions:
+        path = "runtime.deepspeed"
+        raw = f.mapping(path, raw if raw is not None else {}, ("stage", "config"))
+        stage = raw.get("stage", 1)
+        if isinstance(stage, bool) or stage not in ZERO_RUN_STAGES:
+            raise ConfigError(f.join(path, "stage"), stage,
+                              "must be 1 or 2 (ZeRO-3 partitions are not re-partitioned live)")
+        config = raw.get("config", {})
+        if not isinstance(config, Mapping):
+            raise ConfigError(f.join(path, "config"), config, "must be a mapping")
+        return ZeroRunOptions(stage, tuple(sorted((str(k), v) for k, v in config.items())))
 
 
 @dataclass(frozen=True)
@@ -104,6 +137,13 @@ class RunConfig:
     generation: str = "auto"
     device: str = "auto"  # auto | cpu | cuda (nereus.cluster.devices.select_device)
     inject_oom: tuple[int, int] | None = None  # (global rank, step): an out-of-memory there
+    train_engine: str = "megatron"  # megatron | deepspeed (ZeRO units for the trainers)
+    deepspeed: ZeroRunOptions = field(default_factory=ZeroRunOptions)
+
+    @property
+    def zero_stages(self) -> tuple[str, ...]:
+        """The model-stages that run as ZeRO units (none with the Megatron engine)."""
+        return ZERO_MODEL_STAGES if self.train_engine == "deepspeed" else ()
 
     @property
     def start_ranks(self) -> int:
@@ -115,6 +155,7 @@ class RunConfig:
         d["events"] = [e.to_dict() for e in self.events]
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
         d["failures"] = self.failures.to_dict()
+        d["deepspeed"] = self.deepspeed.to_dict()
         return d
 
     @staticmethod
@@ -126,7 +167,10 @@ class RunConfig:
             for t in d["force_transitions"])
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
-                                                   "inject_oom", "generation")}
+                                                   "inject_oom", "generation",
+                                                   "train_engine", "deepspeed")}
+        rest["train_engine"] = str(d.get("train_engine", "megatron"))
+        rest["deepspeed"] = ZeroRunOptions.parse(d.get("deepspeed"))
         oom = d.get("inject_oom")
         rest["inject_oom"] = None if oom is None else (int(oom[0]), int(oom[1]))
         rest["device"] = str(d.get("device", "auto"))
@@ -274,8 +318,39 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         generation=_generation(raw.get("generation", RunConfig.generation), setup),
         device=f.choice("runtime.device", raw.get("device", RunConfig.device), DEVICE_MODES),
         inject_oom=_injected_oom(raw.get("inject_oom"), n, n_steps),
+        train_engine=f.choice("runtime.train_engine", raw.get("train_engine", "megatron"),
+                              TRAIN_ENGINES),
+        deepspeed=ZeroRunOptions.parse(raw.get("deepspeed")),
     )
+    _check_zero(rc, raw, setup)
     return rc, setup
+
+
+def _check_zero(rc: RunConfig, raw: Mapping[str, Any], setup: Setup) -> None:
+    """What ``train_engine: deepspeed`` runs: sync jobs on CPU ranks, the trainers at
+    tp = pp = 1 (the planner proposes only that), no node failures or late nodes (the ZeRO
+    units' partitioned state is not in the boundary copies those paths restore from)."""
+    if rc.train_engine != "deepspeed":
+        if "deepspeed" in raw:
+            raise ConfigError("runtime.deepspeed", raw["deepspeed"],
+                              "only with runtime.train_engine: deepspeed")
+        return
+    where, value = "runtime.train_engine", "deepspeed"
+    if setup.job.mode != "sync":
+        raise ConfigError(where, value, f"runs sync jobs only (job.mode is {setup.job.mode})")
+    if rc.device == "cuda":
+        raise ConfigError(where, value, "runs on CPU ranks only (runtime.device is cuda)")
+    fo = rc.failures
+    if fo.kill or fo.checkpoint_every or fo.resume:
+        raise ConfigError(where, value, "runs without runtime.failures (its ZeRO partitions "
+                          "are not checkpointed)")
+    if rc.late_nodes:
+        raise ConfigError(where, value, "runs without runtime.late_nodes")
+    for i, t in enumerate(rc.force_transitions):
+        for name, lay in t.layouts:
+            if name in rc.zero_stages and lay != (1, 1):
+                raise ConfigError(f"runtime.force_transitions[{i}].layouts.{name}", list(lay),
+                                  "must be [1, 1]: the DeepSpeed engine runs tp = pp = 1")
 
 
 def _list(path: str, value: Any) -> list[Any]:

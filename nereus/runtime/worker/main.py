@@ -213,6 +213,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
     def setup_all() -> Any:
         cfg, rc, setup = _configure(args, detected)
         require_vllm(rc.generation)
+        if rc.train_engine == "deepspeed":  # imports, and DeepSpeed accepts its config
+            from nereus.engines.deepspeed_engine import check_config, require_deepspeed
+
+            require_deepspeed(rc.train_engine)
+            check_config(_zero_options(rc))
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
                               f"ranks, the config starts {rc.start_ranks}")
@@ -230,8 +235,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
             raise RuntimeError(f"injected failure (runtime.inject_failure) at step {at_step}")
 
     maybe_fail(-1)
-    ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static")
-           if plane.is_root else None)
+    ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static",
+                              dp_only=rc.zero_stages) if plane.is_root else None)
     if ctl is not None:
         ctl.set_pool(range(plane.world_size))  # late nodes (runtime.late_nodes) join later
     if ft.resume is not None:
@@ -289,7 +294,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any,
     if setup.cluster.gpu.vendor == "cpu" and not dev.on_gpu and retain_freed_memory():
         reserve(setup.cluster.gpu.memory_bytes)  # a virtual GPU: its memory mapped up front
     units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0",
-                      device=dev)
+                      device=dev, zero=_zero_options(rc) if rc.zero_stages else None,
+                      zero_names=rc.zero_stages)
     ft.resumed(plan, globs)
     account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
     inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
@@ -402,6 +408,11 @@ def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
     def choose() -> Any:
         job = from_os_environ()
         choice = select_device(rc.device, device_facts(job), setup.cluster.gpu.vendor)
+        if choice.on_gpu and rc.train_engine == "deepspeed":
+            from nereus.errors import ConfigError
+
+            raise ConfigError("runtime.train_engine", "deepspeed",
+                              "runs on CPU ranks only (set runtime.device: cpu)")
         if choice.on_gpu:
             import torch
 
@@ -428,6 +439,13 @@ def _bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
                                "generation")
     dev.generation_reason = why
     return dev, replace(rc, generation=engine)
+
+
+def _zero_options(rc: Any) -> Any:
+    """``runtime.deepspeed`` as the DeepSpeed engine's options."""
+    from nereus.engines.deepspeed_engine import DeepSpeedOptions
+
+    return DeepSpeedOptions(rc.deepspeed.stage, rc.deepspeed.config)
 
 
 def _hostname() -> str:
