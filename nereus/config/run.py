@@ -10,8 +10,8 @@ the initial TP/PP of every model-stage kept, DP re-fit only when the plan no lon
 (run the controller; false keeps the initial plan), ``timeout_s`` (every collective and
 transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
 pool the controller sees shrinks or grows after step k), ``force_transitions``
-(``{at_step: k, layouts: {model-stage: [tp, pp]}}``: after step k switch to the best plan with
-those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
+(``{at_step: k, layouts: {model-stage: [tp, pp] or [tp, pp, dp]}}``: after step k switch to the
+best plan with those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
 parameters of every trainable model-stage), ``inject_failure`` (``{rank: r, at_step: k}``: rank r
 raises at step k, k = -1 at start — fault injection to test that no rank hangs),
 ``capacity_drop`` (``{at_step: k, memory_per_rank_gb: g}``: from step k on every rank's virtual
@@ -77,7 +77,7 @@ class Event:
 @dataclass(frozen=True)
 class ForcedTransition:
     at_step: int
-    layouts: tuple[tuple[str, tuple[int, int]], ...]
+    layouts: tuple[tuple[str, tuple[int, ...]], ...]  # (tp, pp) or (tp, pp, dp)
 
     def to_dict(self) -> dict[str, Any]:
         return {"at_step": self.at_step, "layouts": {k: list(v) for k, v in self.layouts}}
@@ -163,7 +163,7 @@ class RunConfig:
         events = tuple(Event(int(e["at_step"]), k, int(e[k])) for e in d["events"]
                        for k in EVENT_KINDS if k in e)
         forced = tuple(ForcedTransition(int(t["at_step"]), tuple(
-            (str(n), (int(v[0]), int(v[1]))) for n, v in sorted(t["layouts"].items())))
+            (str(n), tuple(int(x) for x in v)) for n, v in sorted(t["layouts"].items())))
             for t in d["force_transitions"])
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
@@ -209,14 +209,14 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
     out = []
     for name, v in sorted(lay.items()):
         at_name = f.join(f.join(path, "layouts"), name)
-        if not (isinstance(v, list) and len(v) == 2):
-            raise ConfigError(at_name, v, "must be [tp, pp]")
-        tp, pp = (f.positive_int(at_name, x) for x in v)
+        if not (isinstance(v, list) and len(v) in (2, 3)):
+            raise ConfigError(at_name, v, "must be [tp, pp] or [tp, pp, dp]")
+        tp, pp, *dp = (f.positive_int(at_name, x) for x in v)
         try:  # the layout rules of the runtime's units (pp > 1 runs the CPU pipeline)
             check_layout(setup.job.model(setup.job.workflow.by_name(name).role), Layout(tp, pp))
         except ConfigError as e:
             raise ConfigError(at_name, v, f"{e.field} {e.rule}") from None
-        out.append((name, (tp, pp)))
+        out.append((name, (tp, pp, *dp)))
     if not out:
         raise ConfigError(f.join(path, "layouts"), {}, "must name at least one model-stage")
     return ForcedTransition(at, tuple(out))
@@ -348,9 +348,10 @@ def _check_zero(rc: RunConfig, raw: Mapping[str, Any], setup: Setup) -> None:
         raise ConfigError(where, value, "runs without runtime.late_nodes")
     for i, t in enumerate(rc.force_transitions):
         for name, lay in t.layouts:
-            if name in rc.zero_stages and lay != (1, 1):
+            if name in rc.zero_stages and lay[:2] != (1, 1):
                 raise ConfigError(f"runtime.force_transitions[{i}].layouts.{name}", list(lay),
-                                  "must be [1, 1]: the DeepSpeed engine runs tp = pp = 1")
+                                  "must be [1, 1] or [1, 1, dp]: the DeepSpeed engine runs "
+                                  "tp = pp = 1")
 
 
 def _list(path: str, value: Any) -> list[Any]:

@@ -69,7 +69,7 @@ class CpuPort:
         return True
 
     def _pin_pp(self, found: tuple[ExecutionPlan, float] | None, obs: Observation,
-                pins: Mapping[str, tuple[int, int]] | None = None
+                pins: Mapping[str, tuple[int, ...]] | None = None
                 ) -> tuple[ExecutionPlan, float] | None:
         layouts = dict(pins or {})
         for _ in range(MAX_PIN_ROUNDS):
@@ -83,10 +83,14 @@ class CpuPort:
             found = replace(self.base, layouts=layouts).search(obs)
         return None
 
-    def search(self, obs: Observation, layouts: Mapping[str, tuple[int, int]] | None = None
+    def search(self, obs: Observation, layouts: Mapping[str, tuple[int, ...]] | None = None
                ) -> tuple[ExecutionPlan, float] | None:
-        if self.pinned:  # the engine's one layout wins over any other pin
-            layouts = {**(layouts or {}), **dict(self.pinned)}
+        if self.pinned:  # the engine's one layout wins over any other (tp, pp) pin
+            layouts = dict(layouts or {})
+            for name, lay in self.pinned:
+                if tuple(layouts.get(name, lay)[:2]) != lay:
+                    layouts[name] = lay
+                layouts.setdefault(name, lay)
         return self._pin_pp(replace(self.base, layouts=layouts).search(obs), obs, layouts)
 
     def options(self, obs: Observation, current: ExecutionPlan | None
@@ -200,7 +204,7 @@ class RankZeroController:
             self.layouts = saved
         return d
 
-    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, int]],
+    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, ...]],
                current: ExecutionPlan) -> tuple[ExecutionPlan, PlannedTransition] | None:
         """The best plan with ``layouts`` pinned and the transition to it from ``current`` (a
         forced transition, admission bypassed); None when no plan with them fits."""
