@@ -157,7 +157,8 @@ class PlanUnits:
         sp = su.plan
         if source is not None and source.plan == sp:
             if source.unit is not None:
-                su.mine[sp.replicas.index(tuple(source.unit.emu.gpus))] = source.unit  # type: ignore[assignment]
+                at = sp.replicas.index(tuple(source.unit.emu.gpus))
+                su.mine[at] = source.unit  # type: ignore[assignment]
                 su.dp_group = source.unit.dp_group
             self._zero_groups[sp.name] = list(source.groups)
             return
