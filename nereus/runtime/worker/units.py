@@ -150,12 +150,13 @@ class PlanUnits:
 
     def _zero_stage(self, su: StageUnits, spec: ModelSpec, lr: float, globs: dict[str, Glob],
                     c: Counters, adam_step: float, source: ZeroSource | None) -> None:
-        """A ZeRO stage: kept from ``source`` when its stage plan is unchanged, re-partitioned
-        live from it when not, else built from the global state."""
+        """A ZeRO stage: kept from ``source`` when its GPUs are unchanged (a new micro-batch
+        size needs nothing moved), re-partitioned live from it when not, else built from the
+        global state."""
         from nereus.runtime.worker.zero_units import build_zero_stage, release_zero
 
         sp = su.plan
-        if source is not None and source.plan == sp:
+        if source is not None and source.plan.replicas == sp.replicas:
             if source.unit is not None:
                 at = sp.replicas.index(tuple(source.unit.emu.gpus))
                 su.mine[at] = source.unit  # type: ignore[assignment]
