@@ -11,8 +11,8 @@ the initial TP/PP of every model-stage kept, DP re-fit only when the plan no lon
 transfer), ``events`` (``{at_step: k, remove_node: n}`` / ``{at_step: k, add_node: n}``: the
 pool the controller sees shrinks or grows after step k; ``{at_step: k, drain_node: n}``: node n
 leaves with notice, its state moved off by the DAG and its ranks ending), ``force_transitions``
-(``{at_step: k, layouts: {model-stage: [tp, pp]}}``: after step k switch to the best plan with
-those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
+(``{at_step: k, layouts: {model-stage: [tp, pp] or [tp, pp, dp]}}``: after step k switch to the
+best plan with those layouts, bypassing admission — for tests), ``save_state`` (a .npz of the final global
 parameters of every trainable model-stage), ``inject_failure`` (``{rank: r, at_step: k}``: rank r
 raises at step k, k = -1 at start — fault injection to test that no rank hangs),
 ``capacity_drop`` (``{at_step: k, memory_per_rank_gb: g}``: from step k on every rank's virtual
@@ -31,6 +31,11 @@ A cluster of node groups (``cluster.nodes`` a list) runs when every group is CPU
 labelled as a vendor (``{count: 1, gpu: cpu, vendor: nvidia}``), one rank per GPU of every group.
 ``device`` (``auto``, default: a GPU per rank when the cluster names a GPU and the rank has one,
 else the CPU; ``cpu``; ``cuda``: a GPU or an error — :mod:`nereus.cluster.devices`),
+``train_engine`` (``megatron``, default: the Megatron engine; ``deepspeed``: actor-train and
+critic-train run as DeepSpeed ZeRO units on CPU ranks, sync jobs only, their plan space pinned
+to tp = pp = 1 — :mod:`nereus.runtime.worker.zero_units`), ``deepspeed`` (``{stage: 1|2,
+config: {...}}``: the ZeRO stage and further DeepSpeed config keys; only with
+``train_engine: deepspeed``),
 ``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
 model-stage of step k — on a GPU a real allocation past the free memory, on a CPU rank the same
 error raised — to test that an OOM becomes an urgent replan with the step redone).
@@ -53,10 +58,13 @@ from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
-        "late_nodes", "generation", "device", "inject_oom")
+        "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed")
 EVENT_KINDS = ("remove_node", "add_node", "drain_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
+TRAIN_ENGINES = ("megatron", "deepspeed")
+ZERO_RUN_STAGES = (1, 2)  # the stages whose partitions the live re-partition reads
+ZERO_MODEL_STAGES = ("actor-train", "critic-train")  # what train_engine: deepspeed runs
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,35 @@ class Event:
 @dataclass(frozen=True)
 class ForcedTransition:
     at_step: int
-    layouts: tuple[tuple[str, tuple[int, int]], ...]
+    layouts: tuple[tuple[str, tuple[int, ...]], ...]  # (tp, pp) or (tp, pp, dp)
 
     def to_dict(self) -> dict[str, Any]:
         return {"at_step": self.at_step, "layouts": {k: list(v) for k, v in self.layouts}}
+
+
+@dataclass(frozen=True)
+class ZeroRunOptions:
+    """``runtime.deepspeed``: the ZeRO stage and further DeepSpeed config keys (checked by
+    DeepSpeed on the ranks: ``nereus.engines.deepspeed_engine.check_config``)."""
+
+    stage: int = 1
+    config: tuple[tuple[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "config": dict(self.config)}
+
+    @staticmethod
+    def parse(raw: Any) -> ZeroRunOptions:
+        path = "runtime.deepspeed"
+        raw = f.mapping(path, raw if raw is not None else {}, ("stage", "config"))
+        stage = raw.get("stage", 1)
+        if isinstance(stage, bool) or stage not in ZERO_RUN_STAGES:
+            raise ConfigError(f.join(path, "stage"), stage,
+                              "must be 1 or 2 (ZeRO-3 partitions are not re-partitioned live)")
+        config = raw.get("config", {})
+        if not isinstance(config, Mapping):
+            raise ConfigError(f.join(path, "config"), config, "must be a mapping")
+        return ZeroRunOptions(stage, tuple(sorted((str(k), v) for k, v in config.items())))
 
 
 @dataclass(frozen=True)
@@ -107,6 +140,13 @@ class RunConfig:
     generation: str = "auto"
     device: str = "auto"  # auto | cpu | cuda (nereus.cluster.devices.select_device)
     inject_oom: tuple[int, int] | None = None  # (global rank, step): an out-of-memory there
+    train_engine: str = "megatron"  # megatron | deepspeed (ZeRO units for the trainers)
+    deepspeed: ZeroRunOptions = field(default_factory=ZeroRunOptions)
+
+    @property
+    def zero_stages(self) -> tuple[str, ...]:
+        """The model-stages that run as ZeRO units (none with the Megatron engine)."""
+        return ZERO_MODEL_STAGES if self.train_engine == "deepspeed" else ()
 
     @property
     def start_ranks(self) -> int:
@@ -118,6 +158,7 @@ class RunConfig:
         d["events"] = [e.to_dict() for e in self.events]
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
         d["failures"] = self.failures.to_dict()
+        d["deepspeed"] = self.deepspeed.to_dict()
         return d
 
     @staticmethod
@@ -125,11 +166,14 @@ class RunConfig:
         events = tuple(Event(int(e["at_step"]), k, int(e[k])) for e in d["events"]
                        for k in EVENT_KINDS if k in e)
         forced = tuple(ForcedTransition(int(t["at_step"]), tuple(
-            (str(n), (int(v[0]), int(v[1]))) for n, v in sorted(t["layouts"].items())))
+            (str(n), tuple(int(x) for x in v)) for n, v in sorted(t["layouts"].items())))
             for t in d["force_transitions"])
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
-                                                   "inject_oom", "generation")}
+                                                   "inject_oom", "generation",
+                                                   "train_engine", "deepspeed")}
+        rest["train_engine"] = str(d.get("train_engine", "megatron"))
+        rest["deepspeed"] = ZeroRunOptions.parse(d.get("deepspeed"))
         oom = d.get("inject_oom")
         rest["inject_oom"] = None if oom is None else (int(oom[0]), int(oom[1]))
         rest["device"] = str(d.get("device", "auto"))
@@ -168,14 +212,14 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
     out = []
     for name, v in sorted(lay.items()):
         at_name = f.join(f.join(path, "layouts"), name)
-        if not (isinstance(v, list) and len(v) == 2):
-            raise ConfigError(at_name, v, "must be [tp, pp]")
-        tp, pp = (f.positive_int(at_name, x) for x in v)
+        if not (isinstance(v, list) and len(v) in (2, 3)):
+            raise ConfigError(at_name, v, "must be [tp, pp] or [tp, pp, dp]")
+        tp, pp, *dp = (f.positive_int(at_name, x) for x in v)
         try:  # the layout rules of the runtime's units (pp > 1 runs the CPU pipeline)
             check_layout(setup.job.model(setup.job.workflow.by_name(name).role), Layout(tp, pp))
         except ConfigError as e:
             raise ConfigError(at_name, v, f"{e.field} {e.rule}") from None
-        out.append((name, (tp, pp)))
+        out.append((name, (tp, pp, *dp)))
     if not out:
         raise ConfigError(f.join(path, "layouts"), {}, "must name at least one model-stage")
     return ForcedTransition(at, tuple(out))
@@ -284,7 +328,11 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         generation=_generation(raw.get("generation", RunConfig.generation), setup),
         device=f.choice("runtime.device", raw.get("device", RunConfig.device), DEVICE_MODES),
         inject_oom=_injected_oom(raw.get("inject_oom"), n, n_steps),
+        train_engine=f.choice("runtime.train_engine", raw.get("train_engine", "megatron"),
+                              TRAIN_ENGINES),
+        deepspeed=ZeroRunOptions.parse(raw.get("deepspeed")),
     )
+    _check_zero(rc, raw, setup)
     return rc, setup
 
 
@@ -301,6 +349,37 @@ def _labelled_cluster(cl: ClusterSpec, where: str, n: int) -> ClusterSpec:
         raise ConfigError(where, n, f"a cluster of node groups runs one rank per GPU of every "
                           f"group: {cl.num_gpus}")
     return cl
+
+
+def _check_zero(rc: RunConfig, raw: Mapping[str, Any], setup: Setup) -> None:
+    """What ``train_engine: deepspeed`` runs: sync jobs on CPU ranks, the trainers at
+    tp = pp = 1 (the planner proposes only that), no node failures or late nodes (the ZeRO
+    units' partitioned state is not in the boundary copies those paths restore from)."""
+    if rc.train_engine != "deepspeed":
+        if "deepspeed" in raw:
+            raise ConfigError("runtime.deepspeed", raw["deepspeed"],
+                              "only with runtime.train_engine: deepspeed")
+        return
+    where, value = "runtime.train_engine", "deepspeed"
+    if setup.job.mode != "sync":
+        raise ConfigError(where, value, f"runs sync jobs only (job.mode is {setup.job.mode})")
+    if rc.device == "cuda":
+        raise ConfigError(where, value, "runs on CPU ranks only (runtime.device is cuda)")
+    fo = rc.failures
+    if fo.kill or fo.checkpoint_every or fo.resume:
+        raise ConfigError(where, value, "runs without runtime.failures (its ZeRO partitions "
+                          "are not checkpointed)")
+    if rc.late_nodes:
+        raise ConfigError(where, value, "runs without runtime.late_nodes")
+    if any(e.kind == "drain_node" for e in rc.events):
+        raise ConfigError(where, value, "runs without drain_node events (a drain ends the "
+                          "node's ranks; the ZeRO partitions are not in the survivors' copies)")
+    for i, t in enumerate(rc.force_transitions):
+        for name, lay in t.layouts:
+            if name in rc.zero_stages and lay[:2] != (1, 1):
+                raise ConfigError(f"runtime.force_transitions[{i}].layouts.{name}", list(lay),
+                                  "must be [1, 1] or [1, 1, dp]: the DeepSpeed engine runs "
+                                  "tp = pp = 1")
 
 
 def _list(path: str, value: Any) -> list[Any]:

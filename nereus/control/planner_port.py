@@ -54,7 +54,7 @@ class SearchPort:
     setup: Setup
     calib: Calibration
     method: str = "dp"
-    layouts: Mapping[str, tuple[int, int]] | None = None
+    layouts: Mapping[str, tuple[int, ...]] | None = None
     pool: tuple[int, ...] | None = None  # GPUs alive now: units elsewhere are lost
     cache: CostCache | None = None  # per-candidate costs kept across replans (memoization only)
 

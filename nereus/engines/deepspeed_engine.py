@@ -108,7 +108,7 @@ def require_deepspeed(engine: str) -> None:
         deepspeed_module()
     except Exception as e:  # ImportError, or a broken install raising anything on import
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError("runtime.training_engine", engine,
+        raise ConfigError("runtime.train_engine", engine,
                           f"needs the deepspeed package (pip install 'nereus[deepspeed]'): "
                           f"{first}") from None
 
@@ -351,7 +351,9 @@ def build_zero_unit(spec: ModelSpec, emu: Emu, global_rank: int, groups: StageGr
         raise TransitionError(f"the DeepSpeed engine runs DP layouts only (tp = pp = 1), "
                               f"not {emu.layout}")
     ds = deepspeed_module()
-    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's sanity check; CPU ranks ignore it
+    # DeepSpeed's sanity check (under Open MPI it must equal the launcher's local rank); CPU
+    # ranks ignore the value
+    os.environ.setdefault("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
     model = build_gpt(spec, 1, 1, 0, groups, seed=seed, initialize=initialize)
     if params is not None:
         with torch.no_grad():

@@ -365,10 +365,14 @@ class StageTable:
             ok &= ~((fr.block >= s) & (fr.num_gpus > cap))
         return np.flatnonzero(ok)
 
-    def restricted(self, layout: tuple[int, int]) -> StageTable:
-        """The table restricted to one (tp, pp) layout, with its own frontier."""
+    def restricted(self, layout: tuple[int, ...]) -> StageTable:
+        """The table restricted to one (tp, pp) layout — or (tp, pp, dp): also that DP degree —
+        with its own frontier."""
         rows = self._rows
-        keep = np.flatnonzero((rows.arrays.tp == layout[0]) & (rows.arrays.pp == layout[1]))
+        match = (rows.arrays.tp == layout[0]) & (rows.arrays.pp == layout[1])
+        if len(layout) > 2:
+            match &= rows.arrays.dp == layout[2]
+        keep = np.flatnonzero(match)
         return StageTable(self.name, rows.take(keep), self._sizes, self._peaks)
 
 
@@ -430,10 +434,11 @@ class CostCache:
         return got
 
     def pinned(
-        self, setup: Setup, ms: ModelStage, calib: Calibration, layout: tuple[int, int]
+        self, setup: Setup, ms: ModelStage, calib: Calibration, layout: tuple[int, ...]
     ) -> StageTable:
-        """The table of ``ms`` restricted to one (tp, pp) layout, with its own frontier."""
-        key = f"{ms.name}@{layout[0]}x{layout[1]}"
+        """The table of ``ms`` restricted to one (tp, pp) or (tp, pp, dp) layout, with its own
+        frontier."""
+        key = f"{ms.name}@" + "x".join(str(v) for v in layout)
         full = self.table(setup, ms, calib)
         got = self._tables.get(key)
         if got is None:

@@ -217,7 +217,7 @@ def search_mixed(
     pool: Sequence[int] | None = None,
     method: str = "dp",
     time_limit_s: float = 60.0,
-    layouts: Mapping[str, tuple[int, int]] | None = None,
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
 ) -> PlanResult:
     """The fastest vendor-aware plan on a mixed cluster (module docstring).
 

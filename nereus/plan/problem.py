@@ -134,12 +134,12 @@ def build_problem(
     calib: Calibration,
     pool: tuple[int, ...],
     cache: CostCache,
-    layouts: Mapping[str, tuple[int, int]] | None = None,
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
     workflow: Workflow | None = None,
 ) -> Problem:
     """Restrict every costed plan space to ``pool`` (and a model-stage named in ``layouts`` to
-    that (tp, pp)); ``InfeasiblePlanError`` if one is empty. ``workflow``: the job's, or a part
-    of it (the model-stages one hardware type runs: :mod:`nereus.plan.hetero`)."""
+    that (tp, pp), or (tp, pp, dp)); ``InfeasiblePlanError`` if one is empty. ``workflow``: the
+    job's, or a part of it (the model-stages one hardware type runs: :mod:`nereus.plan.hetero`)."""
     if not pool:
         raise InfeasiblePlanError("the GPU pool is empty")
     workflow = workflow if workflow is not None else setup.job.workflow
@@ -148,8 +148,7 @@ def build_problem(
     spaces: list[StageSpace] = []
     for ms in workflow.model_stages:
         if layouts is not None and ms.name in layouts:
-            tp, pp = layouts[ms.name]
-            table = cache.pinned(setup, ms, calib, (int(tp), int(pp)))
+            table = cache.pinned(setup, ms, calib, tuple(int(v) for v in layouts[ms.name]))
         else:
             table = cache.table(setup, ms, calib)
         spaces.append(StageSpace(ms.name, table, levels, caps))
@@ -162,7 +161,7 @@ def build_problem(
             s = pinned[0]
             assert layouts is not None
             raise InfeasiblePlanError(
-                f"{s.name} has no memory-feasible candidate with (tp, pp) = {tuple(layouts[s.name])} "
+                f"{s.name} has no memory-feasible candidate with (tp, pp{', dp' * (len(layouts[s.name]) > 2)}) = {tuple(layouts[s.name])} "
                 f"on {len(pool)} GPUs"
             )
         if no_space:

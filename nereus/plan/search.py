@@ -62,14 +62,15 @@ def search_plan(
     method: str = "dp",
     time_limit_s: float = 60.0,
     cache: CostCache | None = None,
-    layouts: Mapping[str, tuple[int, int]] | None = None,
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
     workflow: Workflow | None = None,
 ) -> PlanResult:
     """The plan minimizing the predicted step time on ``pool`` (default: the whole cluster).
 
     ``cache`` keeps cost evaluations across calls with the same setup and calibration (a replan
     after a pool change); without it every candidate is costed afresh. ``layouts`` pins the
-    (tp, pp) of the model-stages it names (DP and placement are still searched).
+    (tp, pp) of the model-stages it names (DP and placement are still searched), or their
+    (tp, pp, dp).
     ``time_limit_s`` bounds the references only: the MILP solver's time cap, and the exhaustive
     enumeration's work (``exhaustive.VISITS_PER_SECOND`` combinations per second, no clock). Raises
     ``InfeasiblePlanError`` naming the tightest constraint when no plan fits.

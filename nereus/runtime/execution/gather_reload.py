@@ -41,16 +41,29 @@ def source_replica(units: PlanUnits, name: str, pool: Sequence[int]) -> tuple[in
     return 0, False
 
 
-def gather_state(units: PlanUnits, comm: Any, pool: Sequence[int]
+def gather_state(units: PlanUnits, comm: Any, pool: Sequence[int], skip: Sequence[str] = ()
                  ) -> tuple[dict[str, Glob], dict[str, tuple[Counters, float]], list[str]]:
-    """Every model-stage's global state on every rank (collective over ``comm``)."""
+    """Every model-stage's global state on every rank (collective over ``comm``), but those in
+    ``skip``. A ZeRO stage's (``units.zero_names``) is read by DeepSpeed, collective over its
+    DP group."""
     wf = units.setup.job.workflow
     contrib: dict[str, Any] = {}
     lost: list[str] = []
-    for name, su in units.stages.items():
+    stages = {n: su for n, su in units.stages.items() if n not in skip}
+    for name, su in stages.items():
         src, survived = source_replica(units, name, pool)
         if not survived:
             lost.append(name)
+        if name in units.zero_names:
+            from nereus.runtime.worker.zero_units import zero_pieces
+
+            mine = su.my_replica()
+            if mine is None:
+                continue
+            zp = zero_pieces(mine[1], report=mine[0] == src)  # type: ignore[arg-type]
+            if mine[0] == src:
+                contrib[name] = {"pieces": zp, "counters": counters_of(mine[1])}
+            continue
         st = su.mine.get(src)
         if st is None:
             continue
@@ -61,7 +74,7 @@ def gather_state(units: PlanUnits, comm: Any, pool: Sequence[int]
         contrib[name] = entry
     globs: dict[str, Glob] = {}
     pieces, counters = allgather_contributions(comm, contrib)
-    for name in units.stages:
+    for name in stages:
         globs[name] = assemble_global(spec_of(units.setup, name), pieces.get(name, []))
     return globs, counters, lost
 

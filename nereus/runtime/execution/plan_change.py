@@ -21,7 +21,7 @@ from nereus.runtime.execution.gather_reload import gather_state, state_bytes
 from nereus.runtime.worker.units import PlanUnits, release_units
 from nereus.transition.order import PlanChangeOrder
 
-EXECUTORS = ("dag", "gather-reload")
+EXECUTORS = ("dag", "gather-reload", "zero-repartition")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
     device = units.device
     target, namespace = order.target, f"p{version}"
     dag = order.dag
+    if units.zero_names:
+        return _change_with_zero(comm, units, order, store, version, lr=lr)
     if dag is None:
         globs, counters, lost = gather_state(units, comm, order.pool)
         units.destroy()
@@ -71,3 +73,27 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
               "bytes": p.bytes_moved} for p in run.primitives]
     return new, PlanChange("dag", run.bytes_moved, waves=run.waves, primitives=prims,
                            transports=run.transports)
+
+
+def _change_with_zero(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
+                      version: int, *, lr: float) -> tuple[PlanUnits, PlanChange]:
+    """A plan change of a run whose trainers are DeepSpeed ZeRO units
+    (``runtime.train_engine: deepspeed``): a ZeRO stage whose GPUs changed is re-partitioned
+    live (:mod:`nereus.runtime.execution.zero_executor`: DeepSpeed's partition metadata, each
+    element sent once), an unchanged one kept; the other model-stages go the gather-and-reload
+    path (the transition DAG's EMU primitives do not hold ZeRO partitions)."""
+    setup, rank, timeout_s = units.setup, units.global_rank, units.timeout_s
+    globs, counters, lost = gather_state(units, comm, order.pool, skip=units.zero_names)
+    sources = units.handover_zero()
+    zero, names = units.zero, units.zero_names
+    units.destroy()
+    new = PlanUnits(setup, order.target, rank, timeout_s, lr, globs, counters, store,
+                    f"p{version}", device=units.device, zero=zero, zero_names=names,
+                    zero_sources=sources)
+    moved = state_bytes(globs) + sum(int(r["bytes"]) for r in new.repartitions)
+    executor = "zero-repartition" if new.repartitions else "gather-reload"
+    reason = ("the DeepSpeed engine's plan changes: ZeRO stages re-partitioned live, the "
+              "other model-stages gathered and reloaded")
+    return new, PlanChange(executor, moved, reason, waves=1 if new.repartitions else 0,
+                           primitives=list(new.repartitions), lost=lost,
+                           transports={"mpi": 1})

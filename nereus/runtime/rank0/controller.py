@@ -50,6 +50,8 @@ def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: Execution
 @dataclass(frozen=True)
 class CpuPort:
     base: SearchPort
+    # model-stages whose engine holds one layout only (the DeepSpeed engine: tp = pp = 1)
+    pinned: tuple[tuple[str, tuple[int, int]], ...] = ()
     # (current, target, pool) → times planned: the controller's own tally (tests read it)
     compilations: dict[tuple[ExecutionPlan, ExecutionPlan, tuple[int, ...] | None], int] = field(
         default_factory=dict, compare=False, hash=False)
@@ -70,7 +72,7 @@ class CpuPort:
         return True
 
     def _pin_pp(self, found: tuple[ExecutionPlan, float] | None, obs: Observation,
-                pins: Mapping[str, tuple[int, int]] | None = None
+                pins: Mapping[str, tuple[int, ...]] | None = None
                 ) -> tuple[ExecutionPlan, float] | None:
         layouts = dict(pins or {})
         for _ in range(MAX_PIN_ROUNDS):
@@ -84,8 +86,14 @@ class CpuPort:
             found = replace(self.base, layouts=layouts).search(obs)
         return None
 
-    def search(self, obs: Observation, layouts: Mapping[str, tuple[int, int]] | None = None
+    def search(self, obs: Observation, layouts: Mapping[str, tuple[int, ...]] | None = None
                ) -> tuple[ExecutionPlan, float] | None:
+        if self.pinned:  # the engine's one layout wins over any other (tp, pp) pin
+            layouts = dict(layouts or {})
+            for name, lay in self.pinned:
+                if tuple(layouts.get(name, lay)[:2]) != lay:
+                    layouts[name] = lay
+                layouts.setdefault(name, lay)
         return self._pin_pp(replace(self.base, layouts=layouts).search(obs), obs, layouts)
 
     def options(self, obs: Observation, current: ExecutionPlan | None
@@ -125,11 +133,16 @@ class CpuPort:
 class RankZeroController:
     """Holds the controller state and the pool; every decision is plain data."""
 
-    def __init__(self, setup: Setup, adapt: bool, static: bool = False) -> None:
+    def __init__(self, setup: Setup, adapt: bool, static: bool = False,
+                 dp_only: Iterable[str] = ()) -> None:
         """``static``: the fixed-plan baseline (verl/OpenRLHF style) — the initial TP/PP of
         every model-stage is kept and only urgent changes (lost GPUs, memory) re-fit DP on it
-        (γ = 0); if the fixed layouts fit nowhere, any layout is taken."""
+        (γ = 0); if the fixed layouts fit nowhere, any layout is taken. ``dp_only``: the
+        model-stages whose engine runs tp = pp = 1 only (``runtime.train_engine: deepspeed``):
+        every plan proposed holds them at that layout."""
         self.setup = setup
+        names = set(setup.job.workflow.names)
+        self.dp_only = tuple(sorted(n for n in dp_only if n in names))
         if static:
             job = replace(setup.job, controller=replace(setup.job.controller, gamma=0.0))
             self.setup = replace(setup, job=job)
@@ -150,7 +163,7 @@ class RankZeroController:
     def to_dict(self) -> dict[str, Any]:
         """The controller as plain data (its replica on the other ranks; DESIGN.md §2.1): the
         policy, pinned layouts, calibration, controller state and pool."""
-        return {"adapt": self.adapt, "static": self.static,
+        return {"adapt": self.adapt, "static": self.static, "dp_only": list(self.dp_only),
                 "layouts": None if self.layouts is None else {
                     k: list(v) for k, v in sorted(self.layouts.items())},
                 "calibration": self.calib.to_dict(), "state": self.state.to_dict(),
@@ -159,7 +172,8 @@ class RankZeroController:
     @staticmethod
     def from_dict(setup: Setup, d: Mapping[str, Any]) -> RankZeroController:
         """Inverse of :meth:`to_dict` on ``setup``."""
-        ctl = RankZeroController(setup, bool(d["adapt"]), static=bool(d["static"]))
+        ctl = RankZeroController(setup, bool(d["adapt"]), static=bool(d["static"]),
+                                 dp_only=[str(n) for n in d.get("dp_only", [])])
         lay = d["layouts"]
         ctl.layouts = None if lay is None else {str(k): (int(v[0]), int(v[1]))
                                                 for k, v in lay.items()}
@@ -170,7 +184,8 @@ class RankZeroController:
 
     def port(self) -> CpuPort:
         return CpuPort(SearchPort(self.setup, self.calib, pool=self.pool, layouts=self.layouts),
-                       self.compilations, self.draining)
+                       tuple((n, (1, 1)) for n in self.dp_only), self.compilations,
+                       self.draining)
 
     def initial(self) -> tuple[ExecutionPlan | None, Decision]:
         job = self.setup.job
@@ -196,7 +211,7 @@ class RankZeroController:
             self.layouts = saved
         return d
 
-    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, int]],
+    def forced(self, obs: Observation, layouts: Mapping[str, tuple[int, ...]],
                current: ExecutionPlan) -> tuple[ExecutionPlan, PlannedTransition] | None:
         """The best plan with ``layouts`` pinned and the transition to it from ``current`` (a
         forced transition, admission bypassed); None when no plan with them fits."""

@@ -124,6 +124,7 @@ class RunRecorder:
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
         how = (f"DAG {len(primitives or [])} primitives" if executor == "dag"
+               else "ZeRO re-partition + gather+reload" if executor == "zero-repartition"
                else "gather+reload")
         self.console.print(f"  transition after step {step + 1} ({target['kind']}, "
                            f"{how} {measured_s:.2f} s): {plan_label(plan)}")

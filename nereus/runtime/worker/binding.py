@@ -42,6 +42,11 @@ def bind_device(plane: Any, comm: Any, rc: Any, setup: Any) -> tuple[Any, Any]:
     def choose() -> Any:
         job = from_os_environ()
         choice = select_device(rc.device, device_facts(job), setup.cluster.gpu.vendor)
+        if choice.on_gpu and rc.train_engine == "deepspeed":
+            from nereus.errors import ConfigError
+
+            raise ConfigError("runtime.train_engine", "deepspeed",
+                              "runs on CPU ranks only (set runtime.device: cpu)")
         if choice.on_gpu:
             import torch
 

@@ -219,6 +219,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     def setup_all() -> Any:
         cfg, rc, setup = _configure(args, detected)
         require_vllm(rc.generation)
+        if rc.train_engine == "deepspeed":  # imports, and DeepSpeed accepts its config
+            from nereus.engines.deepspeed_engine import check_config, require_deepspeed
+
+            require_deepspeed(rc.train_engine)
+            check_config(_zero_options(rc))
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
                               f"ranks, the config starts {rc.start_ranks}")
@@ -240,8 +245,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
             raise RuntimeError(f"injected failure (runtime.inject_failure) at step {at_step}")
 
     maybe_fail(-1)
-    ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static")
-           if plane.is_root else None)
+    ctl = (RankZeroController(setup, rc.adapt, static=rc.policy == "static",
+                              dp_only=rc.zero_stages) if plane.is_root else None)
     if ctl is not None:
         ctl.set_pool(range(plane.world_size))  # late nodes (runtime.late_nodes) join later
     kept_plan = None  # a resumed run's plan, when it still fits this allocation
@@ -314,7 +319,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         ft.resumed(plan, globs, grew)
     else:
         units = PlanUnits(setup, plan, rank, rc.timeout_s, rc.lr, globs, counters, store, "p0",
-                          device=dev)
+                          device=dev, zero=_zero_options(rc) if rc.zero_stages else None,
+                          zero_names=rc.zero_stages)
         ft.resumed(plan, globs)
     account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
     inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
@@ -480,6 +486,13 @@ def _preempted(plane: Any, ft: Any, recorder: Any, step: int) -> int:
     ft.preempt.done()
     plane.agree(True)
     return EXIT_PREEMPTED
+
+
+def _zero_options(rc: Any) -> Any:
+    """``runtime.deepspeed`` as the DeepSpeed engine's options."""
+    from nereus.engines.deepspeed_engine import DeepSpeedOptions
+
+    return DeepSpeedOptions(rc.deepspeed.stage, rc.deepspeed.config)
 
 
 if __name__ == "__main__":

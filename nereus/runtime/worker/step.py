@@ -270,7 +270,9 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
             lo, hi = replica_slice(per_mb, su.plan.dp, dp_rank)
             lo, hi = base + lo, base + hi
             n_tok = float(mask[base:base + per_mb].sum().clamp_min(1.0))
-            zero_grads(st)
+            zero = name in units.zero_names  # a DeepSpeed ZeRO unit: it reduces and steps
+            if not zero:
+                zero_grads(st)
             mb = max(1, su.plan.micro_batch)
             spans = [(a, min(hi, a + mb)) for a in range(lo, hi, mb)]
 
@@ -296,11 +298,15 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
             # 1F1B through the unit's pipeline stages (pp=1: forward, backward per microbatch);
             # out of memory here ends the job (DeviceOutOfMemory): updates may have run
             with account.guard(name, redo=False):
-                loss_total += unit_forward_backward(st, [tokens[a:b] for a, b in spans],
-                                                    loss_of)
+                mbs = [tokens[a:b] for a, b in spans]
+                loss_total += (st.forward_backward(mbs, loss_of) if zero
+                               else unit_forward_backward(st, mbs, loss_of))
             account.observe(name, _resident(units))
-            allreduce_grads(st, su.dp_group)
-            st.optimizer.step()
+            if zero:
+                st.step()  # DeepSpeed reduces the gradients over the unit's DP group, steps
+            else:
+                allreduce_grads(st, su.dp_group)
+                st.optimizer.step()
             st.counters.updates += 1
             st.counters.position += 1
             st.counters.policy_version += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,6 +42,10 @@ from nereus.runtime.worker.state import (
 from nereus.spec.job import Setup
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan
+
+if TYPE_CHECKING:
+    from nereus.engines.deepspeed_engine import DeepSpeedOptions
+    from nereus.runtime.worker.zero_units import ZeroSource
 
 Glob = dict[str, dict[str, np.ndarray]]  # field → tensor → global array
 # Which trained model-stage feeds which frozen copy every step.
@@ -79,13 +83,18 @@ class PlanUnits:
                  store: dist.Store, namespace: str,
                  adopted: Mapping[Emu, UnitState] | None = None,
                  device: RankDevice | None = None,
-                 local: Mapping[Emu, LocalCopy] | None = None) -> None:
+                 local: Mapping[Emu, LocalCopy] | None = None,
+                 zero: DeepSpeedOptions | None = None, zero_names: tuple[str, ...] = (),
+                 zero_sources: Mapping[str, ZeroSource] | None = None) -> None:
         """Build the plan's units from ``globs``/``counters``, or — when ``adopted`` is given
         (after a transition DAG, on every rank) — take this rank's units of the plan from it:
         then no unit group is created (the DAG made them), only the DP groups. ``device``: this
         rank's device and every rank's placement (None: CPU ranks). ``local``: this rank's own
         shards of its units (:func:`local_copy`), loaded instead of ``globs`` (a growth: the
-        old ranks' units rebuilt on the grown job's groups)."""
+        old ranks' units rebuilt on the grown job's groups). ``zero_names``: the
+        model-stages that run as DeepSpeed ZeRO units with ``zero``
+        (:mod:`nereus.runtime.worker.zero_units`); ``zero_sources``: the running plan's,
+        kept where the stage plan is the same, else re-partitioned live into the new one."""
         self.device = device
         self.setup = setup
         self.plan = plan
@@ -97,11 +106,19 @@ class PlanUnits:
         self._namespace = namespace
         self._sync_seq = 0
         self.sync_transports: dict[str, int] = {}  # the last weight sync's groups, by transport
+        self.zero, self.zero_names = zero, zero_names
+        self._zero_groups: dict[str, list[Any]] = {}
+        self.repartitions: list[dict[str, Any]] = []  # live ZeRO re-partitions that filled units
         to = timedelta(seconds=timeout_s)
         for sp in plan.stages:
             su = StageUnits(sp, stage_emus(sp))
             spec = spec_of(setup, sp.name)
             c, adam_step = counters.get(sp.name, (Counters(), 0.0))
+            if sp.name in zero_names:
+                self._zero_stage(su, spec, lr, globs, c, adam_step,
+                                 (zero_sources or {}).get(sp.name))
+                self.stages[sp.name] = su
+                continue
             for dp_rank, emu in enumerate(su.emus):
                 if adopted is not None:
                     if global_rank not in emu.gpus:
@@ -144,6 +161,49 @@ class PlanUnits:
                         self._groups.append(g)
             self.stages[sp.name] = su
 
+    def _zero_stage(self, su: StageUnits, spec: ModelSpec, lr: float, globs: dict[str, Glob],
+                    c: Counters, adam_step: float, source: ZeroSource | None) -> None:
+        """A ZeRO stage: kept from ``source`` when its GPUs are unchanged (a new micro-batch
+        size needs nothing moved), re-partitioned live from it when not, else built from the
+        global state."""
+        from nereus.runtime.worker.zero_units import build_zero_stage, release_zero
+
+        sp = su.plan
+        if source is not None and source.plan.replicas == sp.replicas:
+            if source.unit is not None:
+                at = sp.replicas.index(tuple(source.unit.emu.gpus))
+                su.mine[at] = source.unit  # type: ignore[assignment]
+                su.dp_group = source.unit.dp_group
+            self._zero_groups[sp.name] = list(source.groups)
+            return
+        assert self.zero is not None
+        built = build_zero_stage(spec, sp, su.emus, self.global_rank, self.zero, lr=lr,
+                                 timeout_s=self.timeout_s, glob=globs.get(sp.name),
+                                 counters=c, adam_step=adam_step, source=source,
+                                 store=self._store, name=f"{self._namespace}/zero/{sp.name}")
+        if source is not None:
+            release_zero(source.unit, source.groups)
+        if built.unit is not None:
+            su.mine[built.unit[0]] = built.unit[1]  # type: ignore[assignment]
+            su.dp_group = built.unit[1].dp_group
+        self._zero_groups[sp.name] = built.groups
+        if built.repartition is not None:
+            self.repartitions.append(built.repartition)
+
+    def handover_zero(self) -> dict[str, ZeroSource]:
+        """The ZeRO stages, given away to the next plan (:meth:`destroy` then leaves them)."""
+        from nereus.runtime.worker.zero_units import ZeroSource
+
+        out = {}
+        for name, groups in self._zero_groups.items():
+            su = self.stages[name]
+            mine = su.my_replica()
+            out[name] = ZeroSource(su.plan, None if mine is None else mine[1],  # type: ignore
+                                   groups)
+            su.mine.clear()
+        self._zero_groups = {}
+        return out
+
     def units(self) -> list[UnitState]:
         return [st for su in self.stages.values() for st in su.mine.values()]
 
@@ -185,6 +245,12 @@ class PlanUnits:
 
     def destroy(self) -> None:
         """Drop models and optimizer state, destroy every group this rank joined."""
+        from nereus.runtime.worker.zero_units import release_zero
+
+        for name, groups in self._zero_groups.items():
+            mine = self.stages[name].my_replica()
+            release_zero(None if mine is None else mine[1], groups)  # type: ignore[arg-type]
+        self._zero_groups = {}
         for su in self.stages.values():
             su.mine.clear()
         seen: set[int] = set()
@@ -231,6 +297,8 @@ def local_pieces(st: UnitState, fields: tuple[str, ...]) -> list[tuple[str, str,
         if s.tp_replica:
             continue
         for f in fields:
+            if f not in live:  # a ZeRO unit: its moments are partitions (zero_units.zero_pieces)
+                continue
             t = live[f][s.local_key]
             for pc in s.pieces:
                 view = t[tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
