@@ -301,6 +301,12 @@ class FailureHandler:
         surv = shrink(comm, rank, tuple(range(comm.Get_size())))
         if not surv.lost:
             return None
+        if self.rc is not None and self.rc.zero_stages:
+            # The boundary copies hold a ZeRO unit's parameters, not its partitioned Adam
+            # moments: rebuilding from them would silently reset the optimizer. End instead.
+            raise RankFailure(f"ranks {list(surv.lost)} died; the DeepSpeed engine's ZeRO "
+                              "partitions cannot be rebuilt from the survivors, so the job ends "
+                              "(its log is kept; runtime.train_engine: megatron survives deaths)")
         import torch.distributed as dist
 
         with contextlib.suppress(Exception):
