@@ -8,8 +8,9 @@
    and SIGKILL; the job resumes from what the ranks saved (their dumps, or the periodic
    checkpoint of ``checkpoint_every: 1``). The final parameters equal an uninterrupted run's, bit
    for bit; the log holds every step exactly once, and the two restarts.
-2. submitit's preemption signal (USR2) → ``NereusEntry.checkpoint()`` → SIGUSR1 to ``nereus
-   run`` → checkpoint → requeue → the next attempt runs ``nereus run --resume``; the same checks.
+2. submitit's preemption signal (USR2), twice → ``NereusEntry.checkpoint()`` → SIGUSR1 to
+   ``nereus run`` → checkpoint → requeue → the next attempt runs ``nereus run --resume``; the
+   same checks.
 
 Slow (a few minutes each on 2 shared cores); run one at a time.
 """
@@ -109,7 +110,13 @@ def test_submitit_preemption_resumes_nereus_run_to_the_same_parameters(
              and printed_steps(Path(job.paths.stdout)) >= 2, timeout_s=240)
     time.sleep(0.5)
     slurm_cluster.run("scancel", f"--signal={int(signal.SIGUSR2)}", job.job_id)
+    wait_for("the requeue", lambda: job_info(slurm_cluster, job.job_id).restarts == 1, 180)
+    first = printed_steps(Path(job.paths.stdout))
+    wait_for("the resumed attempt's steps",
+             lambda: printed_steps(Path(job.paths.stdout)) >= first + 2, timeout_s=300)
+    time.sleep(0.5)
+    slurm_cluster.run("scancel", f"--signal={int(signal.SIGUSR2)}", job.job_id)  # again
     assert job.result() == 0
-    assert job_info(slurm_cluster, job.job_id).restarts == 1
+    assert job_info(slurm_cluster, job.job_id).restarts == 2
     assert "--resume" in job.stdout() or "--resume" in (job.stderr() or "")
-    check_run(log, ref, tmp_path / "run.npz", 1)
+    check_run(log, ref, tmp_path / "run.npz", 2)
