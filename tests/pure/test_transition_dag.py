@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.dag_cases import reachable_by_brute_force
 from support.transition_cases import case
 
 from nereus.emu.primitives import Destroy, Extend, Merge, Split
@@ -146,28 +147,6 @@ def test_last_copy_waits_for_its_extend() -> None:
         validate_dag(bad)
 
 
-def _reachable(n_gpus: int, src: dict[int, str], tgt: dict[int, str]) -> bool:
-    """Brute force over single-GPU replicas: Extend onto a free GPU, Destroy a redundant copy."""
-    names = sorted(set(src.values()))
-    start = tuple(src.get(g, "") for g in range(n_gpus))
-    goal = tuple(tgt.get(g, "") for g in range(n_gpus))
-    seen, todo = {start}, [start]
-    while todo:
-        s = todo.pop()
-        if s == goal:
-            return True
-        count = {m: s.count(m) for m in names}
-        for g in range(n_gpus):
-            nexts = [m for m in names if count[m]] if not s[g] else \
-                ([""] if count[s[g]] >= 2 else [])
-            for m in nexts:
-                t = s[:g] + (m,) + s[g + 1:]
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-    return False
-
-
 def test_single_gpu_replicas_against_brute_force() -> None:
     """Sound always (a compiled DAG validates; no DAG where none exists); complete in ≥ 95%."""
     feasible = compiled = 0
@@ -190,7 +169,7 @@ def test_single_gpu_replicas_against_brute_force() -> None:
         if set(src.values()) != set(names) or set(tgt.values()) != set(names):
             continue
         spare = [g for g in range(n_gpus) if g not in src and g not in tgt]
-        ok = _reachable(n_gpus, src, tgt)
+        ok = reachable_by_brute_force(n_gpus, src, tgt)
         feasible += ok
         try:
             dag = compile_transition([Emu(m, m, Layout(1, 1), (g,)) for g, m in src.items()],

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.coresident_cases import coresident_case
+from support.dag_cases import reachable_by_brute_force
 from support.transition_cases import random_case
 
 from nereus.emu.primitives import Destroy, Extend
@@ -135,28 +136,6 @@ def test_exact_proves_that_no_schedule_fits_a_too_small_memory() -> None:
     assert exact_schedule(dag, dur, capacity_bytes=peak, hint=False).optimal
 
 
-def _brute(n_gpus: int, src: dict[int, str], tgt: dict[int, str]) -> bool:
-    """Every state of single-GPU replicas: Extend onto a free GPU, Destroy a redundant copy."""
-    names = sorted(set(src.values()))
-    start = tuple(src.get(g, "") for g in range(n_gpus))
-    goal = tuple(tgt.get(g, "") for g in range(n_gpus))
-    seen, todo = {start}, [start]
-    while todo:
-        s = todo.pop()
-        if s == goal:
-            return True
-        count = {m: s.count(m) for m in names}
-        for g in range(n_gpus):
-            nexts = [m for m in names if count[m]] if not s[g] else \
-                ([""] if count[s[g]] >= 2 else [])
-            for m in nexts:
-                t = s[:g] + (m,) + s[g + 1:]
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-    return False
-
-
 def test_reachable_equals_brute_force_on_single_gpu_replicas() -> None:
     proven = 0
     for seed in range(600):
@@ -171,7 +150,7 @@ def test_reachable_equals_brute_force_on_single_gpu_replicas() -> None:
         e = lambda m, g: Emu(m, m, Layout(1, 1), (g,))  # noqa: E731
         got = reachable([e(m, g) for g, m in src.items()], [e(m, g) for g, m in tgt.items()],
                         range(n), {})
-        assert got == _brute(n, src, tgt), (src, tgt)
+        assert got == reachable_by_brute_force(n, src, tgt), (src, tgt)
         proven += got is False
     assert proven >= 3  # both answers exercised
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.shard_cases import global_state
 
 from nereus.emu.primitives import Destroy, consumed, extend_node, merge_node, produced, split_node
 from nereus.emu.shards import shards_at, tensor_specs
@@ -32,16 +33,6 @@ SPEC = TINY_GPT
 COUNTERS = (7, 2, 5, 11)
 STEP = 3.0
 RUN_IDS = itertools.count(1000)
-
-
-def global_state(seed: int) -> dict[str, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    out: dict[str, dict[str, np.ndarray]] = {"param": {}, "exp_avg": {}, "exp_avg_sq": {}}
-    for t in tensor_specs(SPEC):
-        out["param"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 0.05
-        out["exp_avg"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 1e-3
-        out["exp_avg_sq"][t.name] = rng.random(t.global_shape).astype(np.float32) * 1e-5
-    return out
 
 
 def all_four() -> tuple[Emu, list[Any]]:

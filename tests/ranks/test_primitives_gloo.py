@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.shard_cases import global_state
 
 from nereus.emu.primitives import (
     Destroy,
@@ -38,16 +39,6 @@ WORLD = 4
 SPEC = TINY_GPT
 COUNTERS = (7, 2, 5, 11)  # updates, model-stage version, policy version, position
 STEP = 3.0
-
-
-def global_state(seed: int) -> dict[str, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    out: dict[str, dict[str, np.ndarray]] = {"param": {}, "exp_avg": {}, "exp_avg_sq": {}}
-    for t in tensor_specs(SPEC):
-        out["param"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 0.05
-        out["exp_avg"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 1e-3
-        out["exp_avg_sq"][t.name] = rng.random(t.global_shape).astype(np.float32) * 1e-5
-    return out
 
 
 def _snapshot(ex: Any) -> dict[Emu, Any]:

@@ -40,3 +40,25 @@ def collections(draw: st.DrawFn) -> tuple[tuple[Emu, ...], tuple[Emu, ...]]:
 
 def compile_case(src: tuple[Emu, ...], tgt: tuple[Emu, ...]) -> TransitionDag:
     return compile_transition(src, tgt, SIZER, conflicts=SETUP.job.workflow.concurrent)
+
+
+def reachable_by_brute_force(n_gpus: int, src: dict[int, str], tgt: dict[int, str]) -> bool:
+    """Brute force over single-GPU replicas: Extend onto a free GPU, Destroy a redundant copy."""
+    names = sorted(set(src.values()))
+    start = tuple(src.get(g, "") for g in range(n_gpus))
+    goal = tuple(tgt.get(g, "") for g in range(n_gpus))
+    seen, todo = {start}, [start]
+    while todo:
+        s = todo.pop()
+        if s == goal:
+            return True
+        count = {m: s.count(m) for m in names}
+        for g in range(n_gpus):
+            nexts = [m for m in names if count[m]] if not s[g] else \
+                ([""] if count[s[g]] >= 2 else [])
+            for m in nexts:
+                t = s[:g] + (m,) + s[g + 1:]
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+    return False

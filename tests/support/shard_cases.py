@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from nereus.emu.shards import tensor_specs
 from nereus.spec.model import TINY_GPT, ModelSpec
 
 # A second tiny architecture covering the other branches: MHA with 4 groups (tp up to 4),
@@ -12,3 +15,14 @@ TINY_LN = ModelSpec(
     learned_positions=True, max_seq_len=64,
 )
 SPECS = {"tiny-gpt": TINY_GPT, "tiny-ln": TINY_LN}
+
+
+def global_state(seed: int, spec: ModelSpec = TINY_GPT) -> dict[str, dict[str, np.ndarray]]:
+    """Random parameters and Adam moments of every tensor of ``spec`` (small, distinct)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict[str, np.ndarray]] = {"param": {}, "exp_avg": {}, "exp_avg_sq": {}}
+    for t in tensor_specs(spec):
+        out["param"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 0.05
+        out["exp_avg"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 1e-3
+        out["exp_avg_sq"][t.name] = rng.random(t.global_shape).astype(np.float32) * 1e-5
+    return out

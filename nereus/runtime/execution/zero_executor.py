@@ -103,18 +103,12 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().view(-1)
 
 
-def _src_views(plan: ZeroPlan, unit: ZeroUnit, src: int, dst: int) -> list[torch.Tensor]:
+def _views(plan: ZeroPlan, unit: ZeroUnit, src: int, dst: int, at_source: bool
+           ) -> list[torch.Tensor]:
+    """The slices of ``unit`` the pair (src → dst) moves — the Adam moments' partition slices
+    (at the source's offsets or the target's), then the parameters' slices."""
     params = unit.params()
-    views = [unit.moment(m.group, k)[m.src_start:m.src_start + m.numel]
-             for m in plan.sends(src, dst) for k in MOMENTS]
-    views += [_flat(params[m.tensor])[m.start:m.start + m.numel]
-              for m in plan.param_sends(src, dst)]
-    return views
-
-
-def _dst_views(plan: ZeroPlan, unit: ZeroUnit, src: int, dst: int) -> list[torch.Tensor]:
-    params = unit.params()
-    views = [unit.moment(m.group, k)[m.dst_start:m.dst_start + m.numel]
+    views = [unit.moment(m.group, k)[(a := m.src_start if at_source else m.dst_start):a + m.numel]
              for m in plan.sends(src, dst) for k in MOMENTS]
     views += [_flat(params[m.tensor])[m.start:m.start + m.numel]
               for m in plan.param_sends(src, dst)]
@@ -154,7 +148,7 @@ def execute_zero_plan(plan: ZeroPlan, rank: int, source: ZeroUnit | None,
                 raise TransitionError(f"rank {rank} must transfer but has no transition group")
             for peer in to:
                 assert source is not None
-                views = _src_views(plan, source, rank, peer)
+                views = _views(plan, source, rank, peer, at_source=True)
                 msgs = _messages(views)
                 dest = group.group_rank(peer)
                 for k, i in enumerate(msgs.direct):  # large slices straight from the tensors
@@ -168,7 +162,7 @@ def execute_zero_plan(plan: ZeroPlan, rank: int, source: ZeroUnit | None,
                     [_meta(source)], group.group_rank(peer), 1), None))  # type: ignore[arg-type]
             for peer in frm:
                 assert target is not None
-                views = _dst_views(plan, target, peer, rank)
+                views = _views(plan, target, peer, rank, at_source=False)
                 msgs = _messages(views)
                 frm_rank = group.group_rank(peer)
                 for k, i in enumerate(msgs.direct):  # straight into the target's slices
