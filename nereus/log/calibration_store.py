@@ -36,12 +36,11 @@ def save_calibration(path: str | os.PathLike[str], calib: Calibration,
     out.publish()
 
 
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
 def _hdf5_file(path: str) -> bool:
     """Whether ``path`` is a regular file that starts like HDF5 (anything else — a FIFO, a
     device, a missing path — is left to the JSON reader's one-line refusal; never opened here)."""
+    from nereus.log.reader import HDF5_SIGNATURE
+
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return False

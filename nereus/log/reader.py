@@ -82,7 +82,7 @@ def _json_attr(attrs: Any, key: str, path: str) -> Any:
         raise LogFormatError(path, f"attribute {key!r} is not valid JSON") from None
 
 
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # SWMR readers retry a metadata read whose checksum fails, with exponential backoff: HDF5's default
 # of 100 attempts turns a damaged file into an hour-long hang. 24 attempts take ~20 ms.
 _SWMR_READ_ATTEMPTS = 24
@@ -92,7 +92,7 @@ def _stored_end_of_file(path: str) -> int | None:
     """The end-of-file address a version 2/3 superblock at offset 0 records (None otherwise)."""
     with open(path, "rb") as fh:
         head = fh.read(48)
-    if len(head) < 36 or not head.startswith(_HDF5_SIGNATURE) or head[8] not in (2, 3):
+    if len(head) < 36 or not head.startswith(HDF5_SIGNATURE) or head[8] not in (2, 3):
         return None
     if head[9] != 8:  # size of offsets
         return None
