@@ -63,11 +63,15 @@ from nereus.log.reader import read_run_log  # noqa: E402
 from nereus.spec.hardware import OpClass  # noqa: E402
 from nereus.spec.plan import ExecutionPlan  # noqa: E402
 from nereus.transition import plan_transition  # noqa: E402
-from nereus.transition.cost import path_features, rates  # noqa: E402
+from nereus.transition.cost import (  # noqa: E402
+    TRANSITION_EVENTS,
+    path_features,
+    restart_features,
+)
 
 EXAMPLE = ROOT / "examples" / "ppo-tiny-cpu.yaml"
 HOLD = 2  # steps per plan; the last one is measured (the first may warm caches)
-FIT_EVENTS = (*STEP_EVENTS, "comm-setup", "unit-build", "transition")
+FIT_EVENTS = (*STEP_EVENTS, *TRANSITION_EVENTS)
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
 
 
@@ -224,9 +228,7 @@ def _transition_sample(t: Any, calib: Calibration) -> Sample | None:
             return None
         ideal, counts = path_features(dag, cluster, calib)
     else:
-        units = float(sum(sp.dp for sp in new.stages))
-        ideal = {OpClass.P2P_INTER.value: 2.0 * moved / rates(cluster).inter_bps}
-        counts = {"comm-setup": units, "unit-build": units, "transition": 1.0}
+        ideal, counts = restart_features(cluster, moved, sum(sp.dp for sp in new.stages))
     return Sample(tuple(sorted(ideal.items())), tuple(sorted(counts.items())), meas, "transition")
 
 

@@ -32,17 +32,22 @@ DEFAULT_EFFICIENCIES: dict[str, dict[str, float]] = {
 # counts two), "decode-layer" (one layer for one decoded token), "micro-batch" (one micro-batch
 # slot of a pipeline stage: embedding, head, loss, the schedule's own work), "update" (one
 # optimizer update). Transition events: "comm-setup" (one communicator created), "unit-build"
-# (the model and optimizer of a new unit built on its devices), "transition" (once per plan
-# change: the plan's process groups, the ranks' agreement).
+# (the model and optimizer of a new unit built on its devices by a DAG primitive, with its
+# transfer group and wave), "reload-unit" (one unit rebuilt from gathered state when a change
+# has no DAG: its model, optimizer and groups), "transition" (once per plan change: the plan's
+# process groups, the ranks' agreement).
 # Step events start at 0 everywhere (the planner's first plan comes from FLOPs and bytes, as
-# the paper's model has it) and communicator set-up at the preset's figure; a run refits them
-# from its measured times within a few steps. CPU ranks build units slowly (a Megatron model,
-# its optimizer and gloo groups per unit: dispatch-bound): a transition's builds and its own
-# fixed cost start from the README job's measured transitions (8 ranks on 2 cores, 2026-12-03:
-# 0.03-0.12 s per primitive that builds units, by the host's load), refitted by every run.
+# the paper's model has it), communicator set-up and a reloaded unit at the preset's set-up
+# figure; a run refits them from its measured times within a few steps. CPU ranks build units
+# slowly (a Megatron model, its optimizer and gloo groups per unit: dispatch-bound): a
+# transition's builds and its own fixed cost start from the README job's measured transitions
+# (8 ranks on 2 cores under a load of about 8, 2026-12-03, the ranks' heaps frozen after start:
+# DAGs of 11-14 primitives 0.40-0.62 s, gather+reload of 9 units 0.26-0.37 s), refitted by every
+# run.
 CPU_FIXED_S: dict[str, float] = {
-    "unit-build": 5e-2,
-    "transition": 6e-2,
+    "unit-build": 4e-2,
+    "reload-unit": 2.5e-2,
+    "transition": 4e-2,
 }
 
 DEFAULT_FIXED_S: dict[str, dict[str, float]] = {
@@ -55,4 +60,4 @@ def default_fixed_s(gpu: GpuSpec, key: str) -> float:
     got = DEFAULT_FIXED_S.get(gpu.name, {}).get(key)
     if got is not None:
         return got
-    return gpu.comm_setup_s if key == "comm-setup" else 0.0
+    return gpu.comm_setup_s if key in ("comm-setup", "reload-unit") else 0.0

@@ -32,6 +32,10 @@ from nereus.emu.regions import GROUPINGS, Flow, groupings_differ
 from nereus.spec.hardware import ClusterSpec, GpuSpec, OpClass
 from nereus.transition.dag import TransitionDag
 
+# The fixed-cost events of a transition (:mod:`nereus.cost.fit`): one communicator group set up,
+# the units one DAG primitive makes, one unit rebuilt from gathered state (no DAG), the change.
+TRANSITION_EVENTS = ("comm-setup", "unit-build", "reload-unit", "transition")
+
 
 @dataclass(frozen=True)
 class TransitionRates:
@@ -45,6 +49,7 @@ class TransitionRates:
     setup_s: float  # one communicator group
     build_s: float  # the units one primitive makes
     fixed_s: float  # once per transition
+    reload_unit_s: float = 0.0  # one unit rebuilt from gathered state (a change without a DAG)
 
     @property
     def primitive_s(self) -> float:
@@ -122,23 +127,26 @@ def rates(cluster: ClusterSpec, calib: Calibration | None = None) -> TransitionR
         if len({t.plays for t in types}) > 1:
             inter = min(inter, cluster.host_gbps * 1e9)
         if calib is None:
+            setup_s = max(t.comm_setup_s for t in types)
             return TransitionRates(cluster.gpus_per_node, min(b[0] for b in bps), inter,
-                                   max(t.comm_setup_s for t in types), 0.0, 0.0)
+                                   setup_s, 0.0, 0.0, setup_s)
         return TransitionRates(
             cluster.gpus_per_node, min(b[0] for b in bps), inter,
             max(calib.fixed_s(t, "comm-setup") for t in types),
             max(calib.fixed_s(t, "unit-build") for t in types),
-            max(calib.fixed_s(t, "transition") for t in types))
+            max(calib.fixed_s(t, "transition") for t in types),
+            max(calib.fixed_s(t, "reload-unit") for t in types))
     gpu = cluster.gpu
     intra, inter = gpu.intra_node_gbps * 1e9, gpu.inter_node_gbps * 1e9
     if calib is None:
-        return TransitionRates(cluster.gpus_per_node, intra, inter, gpu.comm_setup_s, 0.0, 0.0)
+        return TransitionRates(cluster.gpus_per_node, intra, inter, gpu.comm_setup_s, 0.0, 0.0,
+                               gpu.comm_setup_s)
     return TransitionRates(
         cluster.gpus_per_node,
         intra * calib.measured_efficiency(gpu, OpClass.P2P_INTRA, 1.0),
         inter * calib.measured_efficiency(gpu, OpClass.P2P_INTER, 1.0),
         calib.fixed_s(gpu, "comm-setup"), calib.fixed_s(gpu, "unit-build"),
-        calib.fixed_s(gpu, "transition"))
+        calib.fixed_s(gpu, "transition"), calib.fixed_s(gpu, "reload-unit"))
 
 # Shape of a Split or Merge: its layouts, grouping and bytes, with its GPUs renumbered in order of
 # first appearance and each GPU's node renumbered likewise. Two primitives of one shape move the
@@ -284,3 +292,25 @@ def path_features(dag: TransitionDag, cluster: ClusterSpec, calib: Calibration |
         transfer = _duration_s(p, nominal, 0.0, None)
         ideal[(OpClass.P2P_INTER if cross else OpClass.P2P_INTRA).value] += transfer
     return ideal, counts
+
+
+
+def restart_features(cluster: ClusterSpec, state_bytes: int, units: int
+                     ) -> tuple[dict[str, float], dict[str, float]]:
+    """What a change without a DAG is made of (every changed model-stage's state gathered and
+    reloaded in process): ``state_bytes`` twice over the inter-node link at its nominal
+    bandwidth, one ``reload-unit`` per unit of the target plan (``units``: every unit is rebuilt
+    from the gathered state, its model, optimizer and groups; no transfer group, no wave) and
+    one ``transition`` — the features of :func:`restart_cost_s` and of the sample a measured one
+    gives (:mod:`nereus.cost.fit`)."""
+    ideal = {OpClass.P2P_INTER.value: 2.0 * state_bytes / rates(cluster, None).inter_bps}
+    return ideal, {"reload-unit": float(units), "transition": 1.0}
+
+
+def restart_cost_s(cluster: ClusterSpec, state_bytes: int, units: int,
+                   calib: Calibration | None = None) -> float:
+    """Seconds of a change without a DAG (:func:`restart_features`) at the transition rates
+    ``calib`` measured (:func:`rates`; without one: the preset's link, a communicator set-up
+    per unit)."""
+    r = rates(cluster, calib)
+    return 2.0 * state_bytes / r.inter_bps + units * r.reload_unit_s + r.fixed_s

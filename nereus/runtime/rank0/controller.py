@@ -29,22 +29,24 @@ from nereus.spec.job import Setup
 from nereus.spec.model import state_bytes_per_param
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition import PlannedTransition, plan_transition
+from nereus.transition.cost import restart_cost_s
 
 MAX_PIN_ROUNDS = 4
 
 
-def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: ExecutionPlan) -> float:
-    """Gather every changed model-stage's state to all ranks and load it: 2 × state bytes over
-    the inter-node link, plus one communicator set-up per unit of the target."""
-    gpu = setup.cluster.gpu
-    changed = [sp for sp in target.stages if sp not in current.stages]
+def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
+                         calib: Calibration | None = None) -> float:
+    """Gather every changed model-stage's state to all ranks and load it, every unit of the
+    target rebuilt (:func:`nereus.transition.cost.restart_cost_s`, at ``calib``'s rates)."""
     nbytes = 0
-    for sp in changed:
+    for sp in target.stages:
+        if sp in current.stages:
+            continue
         ms = setup.job.workflow.by_name(sp.name)
         params = setup.job.model(ms.role).num_params()
         nbytes += params * state_bytes_per_param(setup.job.dtype_bytes, ms.trainable)
     units = sum(sp.dp for sp in target.stages)
-    return 2 * nbytes / (gpu.inter_node_gbps * 1e9) + units * gpu.comm_setup_s
+    return restart_cost_s(setup.cluster, nbytes, units, calib)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ class CpuPort:
             return plan_transition(self.base.setup, current, target, alive, self.base.calib)
         except (TransitionError, InfeasiblePlanError) as e:
             return PlannedTransition.restart(
-                restart_in_process_s(self.base.setup, current, target), str(e))
+                restart_in_process_s(self.base.setup, current, target, self.base.calib),
+                str(e))
 
 
 class RankZeroController:

@@ -37,14 +37,14 @@ from nereus.runtime.rank0.recorder import RunRecorder
 from nereus.spec.hardware import OpClass
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition import PlannedTransition
-from nereus.transition.cost import path_features, rates
+from nereus.transition.cost import TRANSITION_EVENTS, path_features, restart_features
 from nereus.transition.order import PlanChangeOrder
 
 # Samples the fit keeps: the most recent stage times (a few steps of every model-stage) and
 # transitions.
 STAGE_WINDOW = 48
 TRANSITION_WINDOW = 12
-FIT_EVENTS = (*STEP_EVENTS, "comm-setup", "unit-build", "transition")
+FIT_EVENTS = (*STEP_EVENTS, *TRANSITION_EVENTS)
 
 
 @dataclass(frozen=True)
@@ -279,10 +279,8 @@ class RankZero:
         if executor == "dag" and order.dag is not None:
             ideal, counts = path_features(order.dag, cluster, ctl.calib)
         else:  # gathered and reloaded: the state twice over the inter-node link, every unit
-            units = float(sum(sp.dp for sp in order.target.stages))
-            nominal = rates(cluster, None)
-            ideal = {OpClass.P2P_INTER.value: 2.0 * moved_bytes / nominal.inter_bps}
-            counts = {"comm-setup": units, "unit-build": units, "transition": 1.0}
+            ideal, counts = restart_features(cluster, moved_bytes,
+                                             sum(sp.dp for sp in order.target.stages))
         ctl.transition_samples = (ctl.transition_samples + [Sample(
             tuple(sorted(ideal.items())), tuple(sorted(counts.items())), measured_s,
             "transition")])[-TRANSITION_WINDOW:]

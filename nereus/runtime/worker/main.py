@@ -192,6 +192,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     from nereus.runtime.rank0.controller import RankZeroController
     from nereus.runtime.rank0.loop import RankZero
     from nereus.runtime.rank0.recorder import RunRecorder
+    from nereus.runtime.worker.heap import settle
     from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.runtime.worker.memory import account_for_run
     from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
@@ -305,6 +306,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
                                         solo_groups)
     ft.watch(setup, rc, cfg, ctl, recorder)
+    settle()  # the imported modules out of the collector's reach, before any unit is built
     ft.preempt.on_abandon(lambda reason: ft.dump(rank, reason))
     rank_zero = None if ctl is None or recorder is None else RankZero(
         ctl, recorder, rc, cluster=ft.cluster_watch())
