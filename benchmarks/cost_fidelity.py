@@ -16,6 +16,8 @@ Every figure compares the model's prediction with a measurement of the same run:
     can run (each combination of tp/pp per model-stage, dp and placement planned) is executed;
     the planner's choice under the frozen calibration of (a) is compared with the fastest
     measured plan (paper: within 5% in all 18 settings, 61.1% exact).
+README job: the README's main job run ``--readme-runs`` times with its live calibration; each
+    transition's measured time over the prediction admission weighed (issue 20: within 0.5-2x).
 
 CPU ranks share the host's cores: every rank runs ``contention`` times slower than alone (the
 model knows it, :attr:`nereus.spec.hardware.ClusterSpec.contention`), and other load on the
@@ -334,11 +336,36 @@ def part_c(settings: list[Setting], tmp: Path, calib: Calibration) -> list[dict[
     return rows
 
 
+def part_readme(tmp: Path, runs: int) -> list[dict[str, Any]]:
+    """The README's main job (``nereus run examples/ppo-tiny-cpu.yaml``, live calibration on),
+    ``runs`` times: every transition's measured time against what admission weighed."""
+    rows: list[dict[str, Any]] = []
+    for i in range(runs):
+        log = tmp / f"readme-{i}.h5"
+        res = subprocess.run([sys.executable, "-m", "nereus", "run", str(EXAMPLE), "--log",
+                              str(log), "--json"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=1800)
+        if res.returncode != 0:
+            raise SystemExit(f"cost_fidelity: the README job failed: {res.stderr[-2000:]}")
+        tr = read_run_log(log).tables["transitions"]
+        for k, pred, meas, d in zip(tr["step"], tr["predicted_s"], tr["measured_s"], tr["dag"],
+                                    strict=True):
+            rows.append({"run": i, "after_step": int(k) + 1, "executor": d.get("executor"),
+                         "predicted_s": round(float(pred), 3),
+                         "measured_s": round(float(meas), 3),
+                         "ratio": round(float(meas) / float(pred), 2)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--fit-plans", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="fewer plans (a smoke run)")
+    p.add_argument("--readme-runs", type=int, default=3, metavar="N",
+                   help="runs of the README job whose transitions are compared (default 3)")
+    p.add_argument("--keep", metavar="DIR", help="keep the runs' configs and HDF5 logs in DIR "
+                   "(a new or empty folder) instead of a temporary one")
     args = p.parse_args(argv)
     n = 4 if args.quick else 10
     ab = [Setting("ppo-8r-b32-t64", "ppo", 8, 32, 64, n, 1),
@@ -348,15 +375,23 @@ def main(argv: list[str] | None = None) -> int:
     c = [Setting("grpo-4r", "grpo", 4, 16, 32, 0 if not args.quick else 3, 5),
          Setting("ppo-4r", "ppo", 4, 16, 32, 12 if not args.quick else 3, 6),
          Setting("remax-4r", "remax", 4, 16, 32, 0 if not args.quick else 3, 7)]
+    if args.keep and os.path.exists(args.keep) and (
+            not os.path.isdir(args.keep) or os.listdir(args.keep)):
+        print(f"cost_fidelity: --keep {args.keep}: must be a new or empty folder (nothing in it "
+              "is overwritten)", file=sys.stderr)
+        return 2
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="nereus-fidelity-") as d:
-        tmp = Path(d)
+        tmp = Path(args.keep or d)
+        tmp.mkdir(parents=True, exist_ok=True)
         res_ab, calib = part_ab(ab[:2] if args.quick else ab, tmp, args.fit_plans)
         res_c = part_c(c[:1] if args.quick else c, tmp, calib)
+        res_readme = part_readme(tmp, 1 if args.quick else max(0, args.readme_runs))
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg(),
            "host_cores": host_cores(), "wall_s": round(time.time() - t0, 1),
            "a_b": {k: v for k, v in res_ab.items() if k != "calibration"},
-           "c": res_c, "calibration": res_ab["calibration"]}
+           "c": res_c, "readme_transitions": res_readme,
+           "calibration": res_ab["calibration"]}
     if args.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
@@ -372,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(c) {row['setting']}: {row['plans']} plans, fastest {row['fastest_s']} s, "
               f"planner's choice {row['chosen_s']} s, gap {row['gap_pct']}%"
               f"{' (exact)' if row['exact'] else ''}")
+    ratios = [row["ratio"] for row in res_readme]
+    if ratios:
+        print(f"README job: {len(ratios)} transitions over {max(r['run'] for r in res_readme) + 1}"
+              f" runs, measured/predicted {min(ratios)}-{max(ratios)} "
+              f"({', '.join(str(x) for x in ratios)})")
     print(f"load {tuple(round(x, 1) for x in out['load'])} on {out['host_cores']} cores, "
           f"{out['wall_s']} s")
     return 0
