@@ -220,3 +220,33 @@ def test_cpu_ranks_sharing_a_host_run_slower_in_the_model() -> None:
                       default_calibration()).total_s
     assert b == pytest.approx(4.0 * a)
     assert dataclasses.replace(H200).name == "h200"
+
+
+def test_a_change_without_a_dag_is_costed_by_the_features_its_sample_is_fitted_on() -> None:
+    from nereus.transition.cost import restart_cost_s, restart_features
+
+    cluster = ClusterSpec(8, 2, H200)
+    nbytes, units = 3_000_000_000, 9
+    # uncalibrated: the state twice over the inter-node link, a communicator set-up per unit
+    assert restart_cost_s(cluster, nbytes, units) == pytest.approx(
+        2 * nbytes / (H200.inter_node_gbps * 1e9) + units * H200.comm_setup_s)
+    calib = Calibration().with_fit(H200, {"p2p-inter": 0.4},
+                                   {"reload-unit": 0.03, "transition": 0.05, "unit-build": 9.0})
+    ideal, counts = restart_features(cluster, nbytes, units)
+    assert "unit-build" not in counts  # a DAG primitive's build is another event
+    sample = Sample(tuple(ideal.items()), tuple(counts.items()), 1.0)
+    assert restart_cost_s(cluster, nbytes, units, calib) == pytest.approx(sample.predict_s(
+        {"p2p-inter": 1 / 0.4}, {"reload-unit": 0.03, "transition": 0.05}), rel=1e-12)
+    # measured changes of several sizes give back the per-unit and per-change seconds
+    truth = Calibration().with_fit(H200, {"p2p-inter": 0.5},
+                                   {"reload-unit": 0.02, "transition": 0.08})
+    samples = []
+    for n, gb in ((3, 8), (5, 1), (9, 4), (12, 2), (16, 6)):
+        i, c = restart_features(cluster, gb * 10**9, n)
+        samples.append(Sample(tuple(i.items()), tuple(c.items()),
+                              restart_cost_s(cluster, gb * 10**9, n, truth)))
+    inv, fixed = fit(samples, {"p2p-inter": 2.0}, {"reload-unit": 0.05, "transition": 0.05},
+                     prior_weight=1e-6)
+    assert inv["p2p-inter"] == pytest.approx(2.0, rel=1e-3)
+    assert fixed["reload-unit"] == pytest.approx(0.02, rel=1e-2)
+    assert fixed["transition"] == pytest.approx(0.08, rel=1e-2)
