@@ -16,7 +16,10 @@ Every figure compares the model's prediction with a measurement of the same run:
     can run (each combination of tp/pp per model-stage, dp and placement planned) is executed
     (where a setting samples fewer, the planner's own choice among them); the planner's
     choice under the frozen calibration of (a) is compared with the fastest measured plan
-    (paper: within 5% in all 18 settings, 61.1% exact). The plans run one after the other in
+    (paper: within 5% in all 18 settings, 61.1% exact), and then again, after one noisy step
+    per plan, with the sweep's ``CONFIRM_TOP`` fastest plans and the choice run
+    ``CONFIRM_HOLD`` steps each in one more job (the mean of all but their first step). The
+    plans run one after the other in
     one job, so these runs learn at a learning rate of 1e-12: a policy that learns generates
     longer responses step by step, and a plan measured early would win by its step alone.
 README job: the README's main job run ``--readme-runs`` times with its live calibration; each
@@ -191,6 +194,40 @@ def _run(s: Setting, tmp: Path, calib: Calibration | None = None
     if res.returncode != 0:
         raise SystemExit(f"cost_fidelity: {s.name}: nereus run failed: {res.stderr[-2000:]}")
     return log, pins
+
+
+Pins = dict[str, tuple[int, int]]
+CONFIRM_TOP = 5  # (c): the fastest plans of the sweep measured again beside the planner's choice
+CONFIRM_HOLD = 4  # steps per plan in that run; all but the first are measured
+
+
+def _key(pins: Pins) -> tuple[tuple[str, tuple[int, int]], ...]:
+    return tuple(sorted(pins.items()))
+
+
+def _confirm(s: Setting, tmp: Path, pins: list[Pins]) -> dict[Any, float]:
+    """Run ``pins`` again, each for ``CONFIRM_HOLD`` steps in one job: the mean step time of
+    each over its last ``CONFIRM_HOLD - 1`` steps, by :func:`_key`."""
+    raw = _job_config(s)
+    raw["runtime"]["steps"] = CONFIRM_HOLD * (len(pins) + 1)
+    raw["runtime"]["force_transitions"] = [
+        {"at_step": CONFIRM_HOLD * (i + 1) - 1, "layouts": {k: list(v) for k, v in p.items()}}
+        for i, p in enumerate(pins)]
+    cfg_path = tmp / f"{s.name}-confirm.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    log = tmp / f"{s.name}-confirm.h5"
+    res = subprocess.run([sys.executable, "-m", "nereus", "run", str(cfg_path), "--ranks",
+                          str(s.ranks), "--log", str(log), "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1800)
+    if res.returncode != 0:
+        raise SystemExit(f"cost_fidelity: {s.name}: nereus run failed: {res.stderr[-2000:]}")
+    st = read_run_log(log).tables["steps"]
+    times: dict[Any, list[float]] = {}
+    for k, step_s in zip(st["step"], st["step_s"], strict=True):
+        i, since = divmod(int(k), CONFIRM_HOLD)
+        if i >= 1 and since >= 1:  # plan i - 1 of ``pins``, after its first step
+            times.setdefault(_key(pins[i - 1]), []).append(float(step_s))
+    return {k: float(np.mean(v)) for k, v in times.items()}
 
 
 @dataclass
@@ -375,10 +412,32 @@ def part_c(settings: list[Setting], tmp: Path, calib: Calibration) -> list[dict[
         match = [m for m in measured
                  if {sp.name: (sp.tp, sp.pp, sp.dp) for sp in m.plan.stages} == key]
         chosen_s = match[0].step_s if match else None
-        rows.append({"setting": s.name, "plans": len(by_plan), "fastest_s": round(fastest, 3),
-                     "chosen_s": None if chosen_s is None else round(chosen_s, 3),
-                     "gap_pct": None if chosen_s is None else round(100 * (chosen_s / fastest - 1), 1),
-                     "exact": chosen_s is not None and chosen_s == fastest})
+        row = {"setting": s.name, "plans": len(by_plan), "fastest_s": round(fastest, 3),
+               "chosen_s": None if chosen_s is None else round(chosen_s, 3),
+               "gap_pct": None if chosen_s is None else round(100 * (chosen_s / fastest - 1), 1),
+               "exact": chosen_s is not None and chosen_s == fastest}
+        # one step per plan is a noisy sample, and the fastest of 100 noisy samples is lucky:
+        # the sweep's fastest few and the choice again, CONFIRM_HOLD - 1 measured steps each
+        if choice is not None:
+            top: list[Pins] = []
+            for m in sorted(measured, key=lambda m: m.step_s):
+                pins = {sp.name: (sp.tp, sp.pp) for sp in m.plan.stages}
+                if pins not in top:
+                    top.append(pins)
+                if len(top) == CONFIRM_TOP:
+                    break
+            own = {sp.name: (sp.tp, sp.pp) for sp in choice.stages}
+            if own not in top:
+                top.append(own)
+            np.random.default_rng(s.seed).shuffle(top)
+            means = _confirm(s, tmp, top)
+            if means and _key(own) in means:
+                best, mine = min(means.values()), means[_key(own)]
+                row["confirmed"] = {"plans": len(means), "steps_each": CONFIRM_HOLD - 1,
+                                    "fastest_s": round(best, 3), "chosen_s": round(mine, 3),
+                                    "gap_pct": round(100 * (mine / best - 1), 1),
+                                    "exact": mine == best}
+        rows.append(row)
     return rows
 
 
@@ -455,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(c) {row['setting']}: {row['plans']} plans, fastest {row['fastest_s']} s, "
               f"planner's choice {row['chosen_s']} s, gap {row['gap_pct']}%"
               f"{' (exact)' if row['exact'] else ''}")
+        conf = row.get("confirmed")
+        if conf:
+            print(f"    measured again ({conf['plans']} plans, {conf['steps_each']} steps each): "
+                  f"fastest {conf['fastest_s']} s, planner's choice {conf['chosen_s']} s, gap "
+                  f"{conf['gap_pct']}%{' (exact)' if conf['exact'] else ''}")
     ratios = [row["ratio"] for row in res_readme]
     if ratios:
         print(f"README job: {len(ratios)} transitions over {max(r['run'] for r in res_readme) + 1}"
