@@ -74,6 +74,7 @@ from nereus.transition import plan_transition  # noqa: E402
 from nereus.transition.cost import (  # noqa: E402
     TRANSITION_EVENTS,
     path_features,
+    restart_cost_s,
     restart_features,
 )
 
@@ -152,20 +153,44 @@ def _layout_choices(s: Setting, raw: dict[str, Any], cfg_path: Path) -> list[dic
     return list(seen.values())
 
 
+def _planner_choice(setup: Any, ranks: int, calib: Calibration, gen_len: float,
+                    gen_len_p95: float) -> ExecutionPlan | None:
+    """The plan the planner picks under ``calib`` on ``ranks`` ranks for these lengths."""
+    from nereus.runtime.rank0.controller import RankZeroController
+
+    ctl = RankZeroController(setup, adapt=False)
+    ctl.calib = calib
+    ctl.set_pool(range(ranks))
+    found = ctl.port().search(Observation(0, gen_len, gen_len_p95, ctl.pool))
+    return None if found is None else found[0]
+
+
 def _planner_pins(s: Setting, cfg_path: Path, calib: Calibration) -> dict[str, tuple[int, int]]:
     """The tp/pp per model-stage of the plan the planner picks under ``calib`` for the
     setting's nominal lengths (empty when it finds none)."""
-    from nereus.runtime.rank0.controller import RankZeroController
-
     cfg = load_config(str(cfg_path))
     _rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=s.ranks,
                               host_cores=host_cores())
-    ctl = RankZeroController(setup, adapt=False)
-    ctl.calib = calib
-    ctl.set_pool(range(s.ranks))
-    found = ctl.port().search(Observation(0, float(setup.job.gen_len),
-                                          float(setup.job.gen_len_p95), ctl.pool))
-    return {} if found is None else {sp.name: (sp.tp, sp.pp) for sp in found[0].stages}
+    plan = _planner_choice(setup, s.ranks, calib, float(setup.job.gen_len),
+                           float(setup.job.gen_len_p95))
+    return {} if plan is None else {sp.name: (sp.tp, sp.pp) for sp in plan.stages}
+
+
+def _forced(raw: dict[str, Any], pins: list[dict[str, tuple[int, int]]], hold: int) -> None:
+    """``raw``'s run: its own first plan, then each of ``pins`` in turn, ``hold`` steps each."""
+    raw["runtime"]["steps"] = hold * (len(pins) + 1)
+    raw["runtime"]["force_transitions"] = [
+        {"at_step": hold * (i + 1) - 1, "layouts": {k: list(v) for k, v in p.items()}}
+        for i, p in enumerate(pins)]
+
+
+def _nereus_run(what: str, cfg_path: Path, log: Path, *args: str) -> None:
+    """``nereus run`` of ``cfg_path`` into ``log``; a failed run ends the benchmark."""
+    res = subprocess.run([sys.executable, "-m", "nereus", "run", str(cfg_path), *args, "--log",
+                          str(log), "--json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=1800)
+    if res.returncode != 0:
+        raise SystemExit(f"cost_fidelity: {what}: nereus run failed: {res.stderr[-2000:]}")
 
 
 def _run(s: Setting, tmp: Path, calib: Calibration | None = None
@@ -181,18 +206,10 @@ def _run(s: Setting, tmp: Path, calib: Calibration | None = None
         if own and own not in pins:
             at = int(np.random.default_rng(s.seed).integers(0, len(pins) + 1))
             pins.insert(at, own)
-    # the planner's own first plan for HOLD steps, then each pinned combination for HOLD steps
-    raw["runtime"]["steps"] = HOLD * (len(pins) + 1)
-    raw["runtime"]["force_transitions"] = [
-        {"at_step": HOLD * (i + 1) - 1, "layouts": {k: list(v) for k, v in p.items()}}
-        for i, p in enumerate(pins)]
+    _forced(raw, pins, HOLD)
     cfg_path.write_text(yaml.safe_dump(raw))
     log = tmp / f"{s.name}.h5"
-    res = subprocess.run([sys.executable, "-m", "nereus", "run", str(cfg_path), "--ranks",
-                          str(s.ranks), "--log", str(log), "--json"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=1800)
-    if res.returncode != 0:
-        raise SystemExit(f"cost_fidelity: {s.name}: nereus run failed: {res.stderr[-2000:]}")
+    _nereus_run(s.name, cfg_path, log, "--ranks", str(s.ranks))
     return log, pins
 
 
@@ -209,18 +226,11 @@ def _confirm(s: Setting, tmp: Path, pins: list[Pins]) -> dict[Any, float]:
     """Run ``pins`` again, each for ``CONFIRM_HOLD`` steps in one job: the mean step time of
     each over its last ``CONFIRM_HOLD - 1`` steps, by :func:`_key`."""
     raw = _job_config(s)
-    raw["runtime"]["steps"] = CONFIRM_HOLD * (len(pins) + 1)
-    raw["runtime"]["force_transitions"] = [
-        {"at_step": CONFIRM_HOLD * (i + 1) - 1, "layouts": {k: list(v) for k, v in p.items()}}
-        for i, p in enumerate(pins)]
+    _forced(raw, pins, CONFIRM_HOLD)
     cfg_path = tmp / f"{s.name}-confirm.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     log = tmp / f"{s.name}-confirm.h5"
-    res = subprocess.run([sys.executable, "-m", "nereus", "run", str(cfg_path), "--ranks",
-                          str(s.ranks), "--log", str(log), "--json"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=1800)
-    if res.returncode != 0:
-        raise SystemExit(f"cost_fidelity: {s.name}: nereus run failed: {res.stderr[-2000:]}")
+    _nereus_run(s.name, cfg_path, log, "--ranks", str(s.ranks))
     st = read_run_log(log).tables["steps"]
     times: dict[Any, list[float]] = {}
     for k, step_s in zip(st["step"], st["step_s"], strict=True):
@@ -356,16 +366,13 @@ def part_ab(settings: list[Setting], tmp: Path, fit_plans: int
                 repeat.append(abs(smp.measured_s / pred - now[name]) / now[name])
     t_rel, live_rel = [], []
     for t in trans[n_fit_t:]:
-        got = _transition_sample(t, calib)
-        if got is None:
+        if _transition_sample(t, calib) is None:  # no DAG compiles for it: left out
             continue
-        smp = got
         cur, new = t[1], t[2]
         try:
             pred = plan_transition(t[0], cur, new, None, calib).cost_s \
-                if t[5].get("executor") == "dag" else smp.predict_s(
-                    {k: 1.0 / calib.efficiency(t[0].cluster.gpu, OpClass(k)) for k, _ in smp.ideal},
-                    {k: calib.fixed_s(t[0].cluster.gpu, k) for k, _ in smp.counts})
+                if t[5].get("executor") == "dag" else restart_cost_s(
+                    t[0].cluster, t[6], sum(sp.dp for sp in new.stages), calib)
         except Exception:
             continue
         t_rel.append(abs(pred - t[4]) / t[4])
@@ -388,8 +395,6 @@ def part_ab(settings: list[Setting], tmp: Path, fit_plans: int
 
 
 def part_c(settings: list[Setting], tmp: Path, calib: Calibration) -> list[dict[str, Any]]:
-    from nereus.runtime.rank0.controller import RankZeroController
-
     rows = []
     for s in settings:
         log, _ = _run(s, tmp, calib)
@@ -398,15 +403,9 @@ def part_c(settings: list[Setting], tmp: Path, calib: Calibration) -> list[dict[
             continue
         by_plan = {m.plan: m.step_s for m in measured}
         fastest = min(by_plan.values())
-        ref = measured[0].setup
-        ctl = RankZeroController(ref, adapt=False)
-        ctl.calib = calib
-        ctl.set_pool(range(s.ranks))
-        lens = [float(np.mean([m.setup.job.gen_len for m in measured])),
-                float(np.mean([m.setup.job.gen_len_p95 for m in measured]))]
-        obs = Observation(0, lens[0], lens[1], ctl.pool)
-        found = ctl.port().search(obs)
-        choice = found[0] if found else None
+        choice = _planner_choice(measured[0].setup, s.ranks, calib,
+                                 float(np.mean([m.setup.job.gen_len for m in measured])),
+                                 float(np.mean([m.setup.job.gen_len_p95 for m in measured])))
         # the planner's choice among the executed plans (same layouts; placement may differ)
         key = None if choice is None else {sp.name: (sp.tp, sp.pp, sp.dp) for sp in choice.stages}
         match = [m for m in measured
@@ -447,11 +446,7 @@ def part_readme(tmp: Path, runs: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for i in range(runs):
         log = tmp / f"readme-{i}.h5"
-        res = subprocess.run([sys.executable, "-m", "nereus", "run", str(EXAMPLE), "--log",
-                              str(log), "--json"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=1800)
-        if res.returncode != 0:
-            raise SystemExit(f"cost_fidelity: the README job failed: {res.stderr[-2000:]}")
+        _nereus_run("the README job", EXAMPLE, log)
         tr = read_run_log(log).tables["transitions"]
         for k, pred, meas, d in zip(tr["step"], tr["predicted_s"], tr["measured_s"], tr["dag"],
                                     strict=True):

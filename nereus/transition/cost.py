@@ -49,7 +49,7 @@ class TransitionRates:
     setup_s: float  # one communicator group
     build_s: float  # the units one primitive makes
     fixed_s: float  # once per transition
-    reload_unit_s: float = 0.0  # one unit rebuilt from gathered state (a change without a DAG)
+    reload_unit_s: float  # one unit rebuilt from gathered state (a change without a DAG)
 
     @property
     def primitive_s(self) -> float:

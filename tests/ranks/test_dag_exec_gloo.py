@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from support.dag_cases import SETUP, STAGES, WORLD, collections, compile_case
+from support.shard_cases import global_state
 
 from nereus.emu.shards import shards_at, tensor_specs
 from nereus.emu.unit import Emu, Layout
@@ -27,16 +28,6 @@ from nereus.transition.wire import dag_from_wire, dag_to_wire
 COUNTERS = {"actor-train": (7, 2, 5, 11), "actor-gen": (3, 1, 4, 0)}
 STEP = {"actor-train": 3.0, "actor-gen": 0.0}
 RUN_IDS = itertools.count()
-
-
-def global_state(seed: int) -> dict[str, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    out: dict[str, dict[str, np.ndarray]] = {"param": {}, "exp_avg": {}, "exp_avg_sq": {}}
-    for t in tensor_specs(TINY_GPT):
-        out["param"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 0.05
-        out["exp_avg"][t.name] = rng.standard_normal(t.global_shape).astype(np.float32) * 1e-3
-        out["exp_avg_sq"][t.name] = rng.random(t.global_shape).astype(np.float32) * 1e-5
-    return out
 
 
 def _run(rank: int, world: int, store: Any, wire: dict[str, Any], seeds: dict[str, int],
