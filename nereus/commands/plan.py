@@ -139,7 +139,9 @@ def build_setup(args: argparse.Namespace) -> Any:
             from nereus.cluster.probe import detected_gpu
 
             detected = detected_gpu()
-        return parse_config(raw, detected_gpu=detected).setup
+        from nereus.config.checkpoint_files import read_checkpoint
+
+        return parse_config(raw, detected_gpu=detected, read_checkpoint=read_checkpoint).setup
     except ConfigError as exc:
         raise _flag_error(exc, args) from None
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nereus.config import files, limits
+from nereus.config.checkpoint_files import read_checkpoint
 from nereus.config.cluster import uses_auto_gpu
 from nereus.config.schema import EXTENSION_SECTIONS, Config, describe, parse_config
 from nereus.errors import ConfigError
@@ -166,7 +167,9 @@ def load_raw(path: str) -> dict[str, Any]:
 def load_config(path: str, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
                 detect_gpu: Callable[[], GpuSpec] | None = None) -> Config:
     """Read, parse and check the YAML config at ``path``; ``detect_gpu`` (the shell's inventory
-    reader) is called only when the config says ``cluster.gpu: auto``."""
+    reader) is called only when the config says ``cluster.gpu: auto``; a Hugging Face
+    checkpoint a model names is read here (its metadata: :mod:`nereus.config.checkpoint_files`)."""
     raw = load_raw(path)
     detected = detect_gpu() if detect_gpu is not None and uses_auto_gpu(raw) else None
-    return parse_config(raw, extensions=extensions, detected_gpu=detected)
+    return parse_config(raw, extensions=extensions, detected_gpu=detected,
+                        read_checkpoint=read_checkpoint)

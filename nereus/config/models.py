@@ -1,12 +1,14 @@
-"""The ``models:`` section: role → preset name or explicit architecture, checked per algorithm."""
+"""The ``models:`` section: role → preset name, explicit architecture or Hugging Face checkpoint
+(``{checkpoint: DIR}``: :mod:`nereus.config.checkpoint`), checked per algorithm."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from nereus.config import fields as f
+from nereus.config.checkpoint import CheckpointFacts, ModelCheckpoint, role_checkpoint
 from nereus.errors import ConfigError
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 from nereus.spec.workflow import ROLES
@@ -21,6 +23,9 @@ OPTIONAL_ARCH_KEYS = (
     "max_seq_len",
 )
 ARCH_KEYS = ("preset", *REQUIRED_ARCH_KEYS, *OPTIONAL_ARCH_KEYS)
+CHECKPOINT_KEYS = ("checkpoint",)
+# (field, folder) → what the file layer read of the folder (nereus.config.checkpoint_files)
+CheckpointReader = Callable[[str, Any], CheckpointFacts]
 NORMS = ("rmsnorm", "layernorm")
 CUSTOM_NAME = "custom"
 
@@ -97,9 +102,37 @@ def required_roles(algorithm: str, reward_model: bool) -> tuple[str, ...]:
 
 
 def parse_models(
-    raw: Any, *, algorithm: str, reward_model: bool, path: str = "models"
+    raw: Any, *, algorithm: str, reward_model: bool, path: str = "models",
+    read_checkpoint: CheckpointReader | None = None,
 ) -> tuple[tuple[str, ModelSpec], ...]:
     """(role, ModelSpec) for every role the algorithm uses, in ``ROLES`` order."""
+    return parse_model_sources(raw, algorithm=algorithm, reward_model=reward_model, path=path,
+                               read_checkpoint=read_checkpoint)[0]
+
+
+def checkpoint_model(path: str, role: str, raw: Mapping[str, Any],
+                     read_checkpoint: CheckpointReader | None) -> ModelCheckpoint:
+    """``{checkpoint: DIR}`` of ``role``: the folder read (by the file layer) and checked."""
+    if "checkpoint" in raw and len(raw) > 1:
+        other = next(k for k in raw if k != "checkpoint")
+        raise ConfigError(f.join(path, other), raw[other], "a checkpoint's architecture comes "
+                          "from its config.json; give only checkpoint")
+    raw = f.mapping(path, raw, CHECKPOINT_KEYS)
+    where = f.join(path, "checkpoint")
+    folder = f.path(where, raw["checkpoint"])
+    if read_checkpoint is None:
+        raise ConfigError(where, folder, "a checkpoint is read by the config loader "
+                          "(nereus.config.load_config)")
+    return role_checkpoint(path, role, read_checkpoint(where, folder))
+
+
+def parse_model_sources(
+    raw: Any, *, algorithm: str, reward_model: bool, path: str = "models",
+    read_checkpoint: CheckpointReader | None = None,
+) -> tuple[tuple[tuple[str, ModelSpec], ...], tuple[tuple[str, ModelCheckpoint], ...]]:
+    """(role, ModelSpec) for every role the algorithm uses, in ``ROLES`` order, and (role,
+    checkpoint) of the roles whose model is a Hugging Face checkpoint (``reference`` takes the
+    actor's when it is not named)."""
     raw = f.mapping(path, raw, ROLES)
     needed = required_roles(algorithm, reward_model)
     for role in needed:
@@ -118,6 +151,16 @@ def parse_models(
                 else "job.reward_model is false (rule-based reward); remove it or set it true"
             )
             raise ConfigError(f.join(path, role), raw[role], f"not used: {why}")
-    specs = {role: model(f.join(path, role), raw[role]) for role in raw}
+    specs: dict[str, ModelSpec] = {}
+    sources: dict[str, ModelCheckpoint] = {}
+    for role, value in raw.items():
+        if isinstance(value, Mapping) and "checkpoint" in value:
+            sources[role] = checkpoint_model(f.join(path, role), role, value, read_checkpoint)
+            specs[role] = sources[role].spec
+        else:
+            specs[role] = model(f.join(path, role), value)
     specs.setdefault("reference", specs["actor"])
-    return tuple((role, specs[role]) for role in ROLES if role in specs)
+    if "reference" not in sources and "reference" not in raw and "actor" in sources:
+        sources["reference"] = replace(sources["actor"], role="reference")
+    return (tuple((role, specs[role]) for role in ROLES if role in specs),
+            tuple((role, sources[role]) for role in ROLES if role in sources))

@@ -38,7 +38,9 @@ config: {...}}``: the ZeRO stage and further DeepSpeed config keys; only with
 ``train_engine: deepspeed``),
 ``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
 model-stage of step k — on a GPU a real allocation past the free memory, on a CPU rank the same
-error raised — to test that an OOM becomes an urgent replan with the step redone).
+error raised — to test that an OOM becomes an urgent replan with the step redone),
+``save_hf`` (``{dir, every, roles, max_file_gb}``: the trained actor, and the critic on request,
+exported as Hugging Face checkpoints — :mod:`nereus.config.save_hf`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Any
 
 from nereus.config import fields as f
 from nereus.config.failures import FailureOptions, parse_failures
+from nereus.config.save_hf import SaveHfOptions, parse_save_hf
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
@@ -58,7 +61,8 @@ from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
-        "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed")
+        "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed",
+        "save_hf")
 EVENT_KINDS = ("remove_node", "add_node", "drain_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
@@ -142,6 +146,7 @@ class RunConfig:
     inject_oom: tuple[int, int] | None = None  # (global rank, step): an out-of-memory there
     train_engine: str = "megatron"  # megatron | deepspeed (ZeRO units for the trainers)
     deepspeed: ZeroRunOptions = field(default_factory=ZeroRunOptions)
+    save_hf: SaveHfOptions = field(default_factory=SaveHfOptions)  # nereus.config.save_hf
 
     @property
     def zero_stages(self) -> tuple[str, ...]:
@@ -159,6 +164,7 @@ class RunConfig:
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
         d["failures"] = self.failures.to_dict()
         d["deepspeed"] = self.deepspeed.to_dict()
+        d["save_hf"] = self.save_hf.to_dict()
         return d
 
     @staticmethod
@@ -171,7 +177,9 @@ class RunConfig:
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
                                                    "inject_oom", "generation",
-                                                   "train_engine", "deepspeed")}
+                                                   "train_engine", "deepspeed",
+                                                   "save_hf")}
+        rest["save_hf"] = SaveHfOptions.from_dict(d.get("save_hf"))
         rest["train_engine"] = str(d.get("train_engine", "megatron"))
         rest["deepspeed"] = ZeroRunOptions.parse(d.get("deepspeed"))
         oom = d.get("inject_oom")
@@ -331,6 +339,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         train_engine=f.choice("runtime.train_engine", raw.get("train_engine", "megatron"),
                               TRAIN_ENGINES),
         deepspeed=ZeroRunOptions.parse(raw.get("deepspeed")),
+        save_hf=parse_save_hf(raw.get("save_hf"), setup),
     )
     _check_zero(rc, raw, setup)
     return rc, setup

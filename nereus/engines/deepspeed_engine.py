@@ -272,16 +272,19 @@ class ZeroUnit:
         for g in range(len(self.optimizer.optimizer.param_groups)):
             self.optimizer.optimizer.state[self.hp(g)]["step"].fill_(value)
 
-    def forward_backward(self, microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
-        """Accumulate the gradients of ``loss_fn`` over ``microbatches`` (the Megatron engine's
-        schedule and losses; scaled by dp, see the module docstring); returns the summed loss."""
+    def forward_backward(self, microbatches: Sequence[torch.Tensor], loss_fn: LossFn,
+                         valid: Sequence[torch.Tensor | None] | None = None) -> float:
+        """Accumulate the gradients of ``loss_fn`` over ``microbatches`` (padded where
+        ``valid`` is False; the Megatron engine's schedule and losses; scaled by dp, see the
+        module docstring); returns the summed loss."""
         dp = self.dp
 
         def scaled(i: int, logits: torch.Tensor) -> torch.Tensor:
             return loss_fn(i, logits) * dp
 
         link = stage_link(self.emu, self.global_rank, self.groups.pp, self.spec.hidden_size)
-        return forward_backward(self.engine, link, self.groups.tp, microbatches, scaled) / dp
+        return forward_backward(self.engine, link, self.groups.tp, microbatches, scaled,
+                                valid) / dp
 
     def step(self) -> None:
         """DeepSpeed reduces the accumulated gradients over the DP group and steps Adam."""

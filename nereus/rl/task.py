@@ -83,3 +83,15 @@ class PatternTask:
     def reward(self, prompt: str, response_tokens: list[int]) -> float:
         run, matches = self.counts(prompt, response_tokens)
         return self.credit * (run + matches)
+
+    def reward_text(self, prompt: str, response: str) -> float:
+        """The same credit counted on characters of a decoded response (up to its first EOS):
+        the reward of a model with another tokenizer (a Hugging Face checkpoint's)."""
+        want = self.pattern_of(prompt)
+        run, matches, running = 0, 0, True
+        for i, ch in enumerate(response[: self.credit_len]):
+            hit = bool(want) and ch == want[i % len(want)]
+            matches += hit
+            running = running and hit
+            run += running
+        return self.credit * (run + matches)

@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.runtime.worker.memory import account_for_run
     from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
-    from nereus.runtime.worker.units import PlanUnits, initial_global
+    from nereus.runtime.worker.units import PlanUnits
     from nereus.spec.hardware import GpuSpec
     from nereus.spec.plan import ExecutionPlan
     from nereus.transition.order import PlanChangeOrder
@@ -231,6 +231,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         return cfg, rc, setup
 
     cfg, rc, setup = agreed(plane, setup_all)
+    from nereus.runtime.worker.hf_run import HfRun
+
+    hf = agreed(plane, lambda: HfRun(cfg, rc, setup))  # checkpoints, tokenizer, exports
     ft.preempt.configure(rc.failures.warning_s, rc.failures.kill_wait_s)
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
@@ -298,13 +301,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
             solo = g
     assert solo is not None
     solo_groups = StageGroups(solo, solo, solo, solo, solo)
-    seeds = {"actor": rc.seed, "reference": rc.seed, "critic": rc.seed + 1, "reward": rc.seed + 2}
-    globs = {}
-    for ms in setup.job.workflow.model_stages:
-        spec = setup.job.model(ms.role)
-        same_as_actor = ms.role == "reference" and spec == setup.job.model("actor")
-        globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
-                                        solo_groups)
+    globs = hf.initial_states(solo_groups)  # drawn, or each rank's shard of a checkpoint
     ft.watch(setup, rc, cfg, ctl, recorder)
     settle()  # the imported modules out of the collector's reach, before any unit is built
     ft.preempt.on_abandon(lambda reason: ft.dump(rank, reason))
@@ -324,8 +321,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                           device=dev, zero=_zero_options(rc) if rc.zero_stages else None,
                           zero_names=rc.zero_stages)
         ft.resumed(plan, globs)
+    hf.report_load(comm, rank, recorder)
     account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
-    inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
+    inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed), hf.codec)
     version = 0
     pending: Rollout | None = None  # async: the next step's batch, generated ahead
     if start == 0 and ft.resume is None:  # the initial state too: a death in step 0 that takes
@@ -343,6 +341,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
 
             leave_or_raise(rank, go.payload["leave"], ft, units, dev)
         if go.payload.get("stop"):  # preempted: every rank stops at this boundary
+            hf.export(units, comm, plane.is_root, step, recorder, ft.segment)
             code = _preempted(plane, ft, recorder, step)
             ft.disarm()
             units.destroy()
@@ -385,6 +384,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         ft.boundary(units, next_step, version)
         if not redo:
             ft.checkpoint(plane, step + 1)
+            if rc.save_hf.due(step + 1, rc.steps):
+                hf.export(units, comm, plane.is_root, step + 1, recorder, ft.segment)
         ft.arm(rank, step, "transition")
         if msg.payload["order"] is None or (step == rc.steps - 1 and not redo):
             step = next_step
