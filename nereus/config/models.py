@@ -10,7 +10,7 @@ from typing import Any
 from nereus.config import fields as f
 from nereus.config.checkpoint import CheckpointFacts, ModelCheckpoint, role_checkpoint
 from nereus.errors import ConfigError
-from nereus.spec.model import MODEL_PRESETS, ModelSpec
+from nereus.spec.model import MODEL_PRESETS, ROPE_SCALINGS, ModelSpec, RopeScaling
 from nereus.spec.workflow import ROLES
 
 # Fields of an explicit architecture; ``preset`` names a base whose fields the others override.
@@ -20,8 +20,10 @@ REQUIRED_ARCH_KEYS = (
 )
 OPTIONAL_ARCH_KEYS = (
     "name", "head_dim", "gated_mlp", "tie_embeddings", "qk_norm", "norm", "learned_positions",
-    "max_seq_len",
+    "max_seq_len", "rope_theta", "rope_scaling", "norm_eps", "qkv_bias",
 )
+ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor",
+                     "original_max_position_embeddings")
 ARCH_KEYS = ("preset", *REQUIRED_ARCH_KEYS, *OPTIONAL_ARCH_KEYS)
 CHECKPOINT_KEYS = ("checkpoint",)
 # (field, folder) → what the file layer read of the folder (nereus.config.checkpoint_files)
@@ -43,13 +45,41 @@ def _arch_value(path: str, key: str, value: Any) -> Any:
         return f.name(path, value)
     if key == "norm":
         return f.choice(path, value, NORMS)
-    if key in ("gated_mlp", "tie_embeddings", "qk_norm", "learned_positions"):
+    if key in ("gated_mlp", "tie_embeddings", "qk_norm", "learned_positions", "qkv_bias"):
         return f.boolean(path, value)
+    if key in ("rope_theta", "norm_eps"):
+        return f.positive_float(path, value)
+    if key == "rope_scaling":
+        return None if value is None else rope_scaling(path, value)
     if key == "head_dim":
         return f.non_negative_int(path, value)
     if key == "max_seq_len":
         return f.positive_int(path, value, "MAX_TOKENS")
     return f.positive_int(path, value)
+
+
+def rope_scaling(path: str, raw: Any) -> RopeScaling:
+    """``{type: linear|llama3, factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings}`` (the last three: llama3 only, Llama 3.1's defaults)."""
+    raw = f.mapping(path, raw, ROPE_SCALING_KEYS)
+    kind = f.choice(f.join(path, "type"), raw.get("type"), ROPE_SCALINGS)
+    factor = f.positive_float(f.join(path, "factor"), raw.get("factor"))
+    if kind == "linear":
+        for key in ROPE_SCALING_KEYS[2:]:
+            if key in raw:
+                raise ConfigError(f.join(path, key), raw[key], "only with type: llama3")
+        return RopeScaling(kind, factor)
+    d = RopeScaling("llama3", factor)
+    low = f.positive_float(f.join(path, "low_freq_factor"),
+                           raw.get("low_freq_factor", d.low_freq_factor))
+    high = f.positive_float(f.join(path, "high_freq_factor"),
+                            raw.get("high_freq_factor", d.high_freq_factor))
+    if high <= low:
+        raise ConfigError(f.join(path, "high_freq_factor"), high, f"must exceed low_freq_factor={low}")
+    orig = f.positive_int(f.join(path, "original_max_position_embeddings"),
+                          raw.get("original_max_position_embeddings",
+                                  d.original_max_position_embeddings), "MAX_TOKENS")
+    return RopeScaling(kind, factor, low, high, orig)
 
 
 def architecture(path: str, raw: Mapping[str, Any]) -> ModelSpec:

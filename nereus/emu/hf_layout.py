@@ -68,7 +68,8 @@ def hf_architecture(spec: ModelSpec) -> str:
     for bad, what in rules:
         if bad:
             raise UnsupportedArchitecture(
-                f"model {spec.name!r} has {what}: the Llama family cannot express it")
+                f"model {spec.name!r} has {what}: the Hugging Face Llama family (vLLM's "
+                "loader, runtime.save_hf) cannot express it")
     return QWEN3 if spec.qk_norm else QWEN2 if spec.qkv_bias else LLAMA
 
 
