@@ -154,6 +154,7 @@ def _rank(rank: int, world: int, port: int, directory: str, layout: tuple[int, i
     dist.barrier()
     out.put({"rank": rank, "bytes_read": nbytes, "shard_file_bytes": values * 2,
              "state_bytes": values * 12, "build_s": t1 - t0, "read_s": t2 - t1,
+             "zero_s": src.stats.zero_s,
              "baseline_bytes": base, "load_peak_bytes": load_peak, "export_s": t4 - t3,
              "export_peak_bytes": export_peak, "written_bytes": written, "error": err,
              "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
@@ -222,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                        key=lambda r: r["rank"])
         same = _same_as_source(args.dir, export_dir)
         load_s = max(r["build_s"] + r["read_s"] for r in ranks)
+        params_s = max(r["build_s"] + r["read_s"] - r["zero_s"] for r in ranks)
         result["layouts"][spec] = {
             "ranks": ranks, "export_equals_source": same, "load_s": load_s,
+            "params_s": params_s, "params_over_hf_fp32": params_s / hf_s["float32"],
             "export_s": max(r["export_s"] for r in ranks),
             "load_over_hf_auto": load_s / hf_s["auto"],
             "load_over_hf_fp32": load_s / hf_s["float32"],
@@ -245,13 +248,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['baseline_bytes'] / 1e9:.2f} GB baseline (model {b['model_bytes'] / 1e9:.2f} GB)")
     for spec, row in result["layouts"].items():
         print(f"  {spec}: load {row['load_s']:6.2f} s = {row['load_over_hf_auto']:.2f}x "
-              f"from_pretrained (bf16), {row['load_over_hf_fp32']:.2f}x (fp32); export "
+              f"from_pretrained (bf16), {row['load_over_hf_fp32']:.2f}x (fp32); the parameters "
+              f"alone (no Adam moments) {row['params_s']:.2f} s = "
+              f"{row['params_over_hf_fp32']:.2f}x (fp32); export "
               f"{row['export_s']:.2f} s, equal to the source: {row['export_equals_source']}; "
               f"bytes read = shard bytes: {row['read_equals_shard']}")
         for r, ratio, eratio in zip(row["ranks"], row["peak_over_shard"],
                                     row["export_peak_over_shard"], strict=True):
             print(f"    rank {r['rank']}: read {r['bytes_read'] / 1e9:.3f} GB, build "
-                  f"{r['build_s']:.2f} s + read {r['read_s']:.2f} s, shard "
+                  f"{r['build_s']:.2f} s + read {r['read_s']:.2f} s (zero moments "
+                  f"{r['zero_s']:.2f} s), shard "
                   f"{r['state_bytes'] / 1e9:.2f} GB, baseline {r['baseline_bytes'] / 1e9:.2f} "
                   f"GB, peak over baseline {ratio:.3f}x shard (export {eratio:.3f}x)")
     return 0

@@ -26,6 +26,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -101,39 +102,56 @@ def role_exports(opts: SaveHfOptions, checkpoints: dict[str, ModelCheckpoint],
     return tuple(out)
 
 
-def _assemble(st: Any, name: str, local: torch.Tensor, writer_tp: int) -> torch.Tensor | None:
-    """The global logical tensor ``name`` of this rank's stage on the writer (tp rank
-    ``writer_tp``), gathered over the tp group from every tp rank's ``local`` shard; None on
-    the other tp ranks."""
+def _slices(box: Any) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in zip(box.start, box.stop, strict=True))
+
+
+def _assemble(st: Any, name: str, local: torch.Tensor, writer_tp: int,
+              dtype: torch.dtype) -> torch.Tensor | None:
+    """The global logical tensor ``name`` of this rank's stage, in the export's ``dtype``, on
+    the writer (tp rank ``writer_tp``), None on the other tp ranks: each tp rank sends its
+    pieces (converted to ``dtype``) to the writer over the stage's tp group, which receives
+    them straight into their rows of the tensor (a column block through a buffer)."""
     spec, layout = st.spec, st.emu.layout
     pp_rank, tp_rank = st.position
     t = next(x for x in tensor_specs(spec) if x.name == name)
     if t.kind == "replicated" or layout.tp == 1:
-        return local.to("cpu", copy=True) if tp_rank == writer_tp else None
+        return local.to("cpu", dtype=dtype) if tp_rank == writer_tp else None  # no copy if same
     group = st.groups.tp
     host = dist.get_backend(group) == "gloo"
-    send = local.cpu().contiguous() if host else local.contiguous()
     writer = st.emu.gpu_at(pp_rank, writer_tp)
-    parts = ([torch.empty_like(send) for _ in range(layout.tp)]
-             if tp_rank == writer_tp else None)
-    dist.gather(send, parts, dst=writer, group=group)
-    if parts is None:
+    if tp_rank != writer_tp:
+        for pc in next(s for s in shards_at(spec, layout, pp_rank, tp_rank)
+                       if s.tensor == name).pieces:
+            piece = local[_slices(pc.local)].to(dtype=dtype).contiguous()
+            dist.send(piece.cpu() if host else piece, dst=writer, group=group)
         return None
-    out = torch.empty(t.global_shape, dtype=send.dtype)
-    for r, part in enumerate(parts):
-        shard = next(s for s in shards_at(spec, layout, pp_rank, r) if s.tensor == name)
-        for pc in shard.pieces:
-            out[tuple(slice(a, b) for a, b in zip(pc.global_.start, pc.global_.stop,
-                                                  strict=True))] = \
-                part.cpu()[tuple(slice(a, b) for a, b in zip(pc.local.start, pc.local.stop,
-                                                             strict=True))]
+    out = torch.empty(t.global_shape, dtype=dtype)
+    for r in range(layout.tp):
+        for pc in next(s for s in shards_at(spec, layout, pp_rank, r) if s.tensor == name).pieces:
+            dst = out[_slices(pc.global_)]
+            if r == tp_rank:
+                dst.copy_(local[_slices(pc.local)])
+                continue
+            direct = dst.is_contiguous() and host
+            buf = dst if direct else torch.empty(
+                pc.global_.shape, dtype=dtype, device="cpu" if host else local.device)
+            dist.recv(buf, src=st.emu.gpu_at(pp_rank, r), group=group)
+            if not direct:
+                dst.copy_(buf)
     return out
 
 
 def _hf_of(st: Any, name: str, full: torch.Tensor, head: str) -> list[tuple[str, torch.Tensor]]:
+    """The Hugging Face tensors of logical tensor ``name`` (``full``, in the export dtype).
+    The layout change only moves values, so 16-bit tensors go through numpy as int16 views
+    (numpy has no bfloat16): tensors that map one to one stay views of ``full``."""
     if name == OUTPUT and head != LM_HEAD:
-        return [("score.weight", full[:1].clone()), ("score.bias", torch.zeros(1))]
-    return [(n, torch.from_numpy(a.copy())) for n, a in hf_tensors(st.spec, {name: full.numpy()})]
+        return [("score.weight", full[:1].clone()), ("score.bias", torch.zeros(1, dtype=full.dtype))]
+    dtype = full.dtype
+    raw = full.view(torch.int16) if full.element_size() == 2 else full
+    return [(n, torch.from_numpy(np.ascontiguousarray(a)).view(dtype))
+            for n, a in hf_tensors(st.spec, {name: raw.numpy()})]
 
 
 def write_files(st: Any, files: tuple[ExportFile, ...], folder: str,
@@ -154,13 +172,14 @@ def write_files(st: Any, files: tuple[ExportFile, ...], folder: str,
         for name in f.tensors:
             local = live[keys[name]].detach()
             if name == OUTPUT and re.head != LM_HEAD:  # row 0, on tp rank 0 (the plan's writer)
-                full = local[:1].to("cpu", copy=True) if tp_rank == f.tp_rank else None
+                full = (local[:1].to("cpu", dtype=re.dtype, copy=True)
+                        if tp_rank == f.tp_rank else None)
             else:
-                full = _assemble(st, name, local, f.tp_rank)
+                full = _assemble(st, name, local, f.tp_rank, re.dtype)
             if full is None:
                 continue
-            for hf_name, arr in _hf_of(st, name, full, re.head):
-                tensors[hf_name] = arr.to(re.dtype).contiguous()
+            tensors.update(_hf_of(st, name, full, re.head))
+            del full
         if f.tp_rank != tp_rank or error:
             continue
         path = os.path.join(folder, f.name)

@@ -38,11 +38,13 @@ MAP_BUDGET_BYTES = 64 << 20
 
 @dataclass
 class LoadStats:
-    """What one rank read: bytes of every slice (counted as read), slices, seconds."""
+    """What one rank read: bytes of every slice (counted as read), slices, seconds (of which
+    ``zero_s`` writing the zero Adam moments)."""
 
     bytes_read: int = 0
     slices: int = 0
     seconds: float = 0.0
+    zero_s: float = 0.0
     files: set[str] = field(default_factory=set)
 
 
@@ -136,9 +138,11 @@ class CheckpointSource:
         with torch.no_grad():
             self._read_into(self._planned(st.emu.layout, pp_rank, tp_rank,
                                           lambda key: live["param"][key]))
+            t1 = time.perf_counter()
             for f in FIELDS[1:]:
                 for t in live[f].values():
                     t.zero_()
+            self.stats.zero_s += time.perf_counter() - t1
         st.refresh_model()
         self._check_score_bias()
         self.stats.seconds += time.perf_counter() - t0

@@ -70,6 +70,7 @@ class HfCodec:
     ids_reward = False
 
     def __init__(self, tokenizer: Any, special: SpecialTokens, vocab_size: int) -> None:
+        """``vocab_size``: the tokenizer's ids are below it (``len(tokenizer)``)."""
         self.tokenizer = tokenizer
         self.special = special
         self.vocab_size = vocab_size
@@ -102,4 +103,4 @@ def load_tokenizer(ck: ModelCheckpoint) -> Any:
 def load_codec(ck: ModelCheckpoint) -> HfCodec:
     """The text codec of ``ck``'s tokenizer, checked against its vocabulary."""
     tok = load_tokenizer(ck)
-    return HfCodec(tok, special_tokens(ck, tok), ck.spec.vocab_size)
+    return HfCodec(tok, special_tokens(ck, tok), len(tok))

@@ -39,10 +39,12 @@ class HfRun:
 
             self.codec = load_codec(actor)
             self.tokenizer_dir = actor.directory
-        for role, ck in self.checkpoints.items():
-            if ck.spec.vocab_size < self.codec.vocab_size:
-                raise ConfigError(f"models.{role}.checkpoint", ck.directory,
-                                  f"vocab_size={ck.spec.vocab_size} cannot embed the actor "
+        for role, spec in setup.job.models:  # every model embeds the actor's token ids
+            if spec.vocab_size < self.codec.vocab_size:
+                ck = self.checkpoints.get(role)
+                raise ConfigError(f"models.{role}" + (".checkpoint" if ck else ""),
+                                  ck.directory if ck else spec.name,
+                                  f"vocab_size={spec.vocab_size} cannot embed the actor "
                                   f"tokenizer's {self.codec.vocab_size} ids")
 
     def initial_states(self, solo: Any) -> dict[str, Any]:

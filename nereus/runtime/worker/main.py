@@ -193,6 +193,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     from nereus.runtime.rank0.loop import RankZero
     from nereus.runtime.rank0.recorder import RunRecorder
     from nereus.runtime.worker.heap import settle
+    from nereus.runtime.worker.hf_run import HfRun
     from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.runtime.worker.memory import account_for_run
     from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
@@ -231,8 +232,6 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         return cfg, rc, setup
 
     cfg, rc, setup = agreed(plane, setup_all)
-    from nereus.runtime.worker.hf_run import HfRun
-
     hf = agreed(plane, lambda: HfRun(cfg, rc, setup))  # checkpoints, tokenizer, exports
     ft.preempt.configure(rc.failures.warning_s, rc.failures.kill_wait_s)
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
