@@ -4,11 +4,11 @@
 ``runtime.save_hf`` (:mod:`nereus.config.save_hf`) asks for exports at step boundaries. Every
 rank calls :func:`export_checkpoint` with its units; the first replica of each exported
 model-stage (``actor-train``, ``critic-train``) writes, each rank from its own place
-(:func:`nereus.emu.hf_export.export_plan`): a writer gathers the tp shards of the tensors it was
-given over its stage's tp group, converts them to Hugging Face names and layout
-(:mod:`nereus.emu.hf_layout`) and the source checkpoint's dtype, and writes its files with
-``safetensors.torch.save_file``. So no rank holds more than its shard plus its share of one
-file. Rank 0 writes ``model.safetensors.index.json``, ``config.json`` (the source's; a critic's
+(:func:`nereus.emu.hf_export.export_plan`): a writer receives the tp pieces of the tensors it
+was given over its stage's tp group, already in the source checkpoint's dtype and straight into
+their rows, rearranges them into Hugging Face names and layout (:mod:`nereus.emu.hf_layout`)
+and writes its files with ``safetensors.torch.save_file``. So no rank holds more than its shard
+plus one file's tensors (``max_file_gb``) and the pieces it is receiving. Rank 0 writes ``model.safetensors.index.json``, ``config.json`` (the source's; a critic's
 as a one-label ``*ForTokenClassification``), ``generation_config.json`` and copies the source's
 tokenizer files.
 
