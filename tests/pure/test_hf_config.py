@@ -124,6 +124,8 @@ def test_roles_take_their_heads_and_every_needed_tensor_is_checked() -> None:
     rm_cfg = {**TINY, "architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1}
     rm_tensors = {**full, "score.weight": (1, 32)}
     assert role_checkpoint("models.reward", "reward", _facts(rm_cfg, rm_tensors)).head == SCORE
+    from_rm = role_checkpoint("models.critic", "critic", _facts(rm_cfg, rm_tensors))
+    assert from_rm.head == SCORE and not from_rm.spec.tie_embeddings  # a critic from an RM
     with pytest.raises(ConfigError, match="needs a \\*ForSequenceClassification"):
         role_checkpoint("models.reward", "reward", _facts(TINY, full))
     with pytest.raises(ConfigError, match="needs a \\*ForCausalLM"):

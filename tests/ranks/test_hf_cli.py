@@ -137,10 +137,16 @@ def test_plan_plans_the_checkpoints_architecture(tmp_path: Path) -> None:
     arch = {k: v for k, v in asdict(spec).items() if k != "rope_scaling"}
     arch["rope_scaling"] = {"type": "llama3", **{k: v for k, v in asdict(
         spec.rope_scaling).items() if k != "kind"}} if spec.rope_scaling else None
+    import yaml
+
     by_hand = tmp_path / "by_hand.yaml"
-    by_hand.write_text(_job(tmp_path, ck).read_text().replace(
-        f"{{checkpoint: {ck}}}", json.dumps(arch)))
-    got = [json.loads(nereus("plan", str(p), "--json", timeout_s=300).stdout)
-           for p in (_job(tmp_path, ck), by_hand)]
-    assert got[0]["stages"] and [s["peak_bytes"] for s in got[0]["stages"]] == [
-        s["peak_bytes"] for s in got[1]["stages"]]
+    by_hand.write_text(_job(tmp_path, ck).read_text().replace(  # YAML: 1e-05 is a string
+        f"{{checkpoint: {ck}}}", yaml.safe_dump(arch, default_flow_style=True).strip()))
+    got = []
+    for p in (_job(tmp_path, ck), by_hand):
+        res = nereus("plan", str(p), "--json", timeout_s=300)
+        assert res.returncode == 0, res.stderr
+        got.append(json.loads(res.stdout))
+    stages = [[(s["name"], s["tp"], s["pp"], s["dp"], s["peak_bytes"]) for s in g["model_stages"]]
+              for g in got]
+    assert stages[0] and stages[0] == stages[1]
