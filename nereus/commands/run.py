@@ -67,14 +67,9 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps, host_cores=getattr(args, "host_cores", 0))
     require_vllm(rc.generation)
-    if cfg.checkpoints:  # the tokenizer against the vocabulary, before any rank starts
-        from nereus.runtime.worker.hf_run import HfRun
+    from nereus.runtime.worker.hf_run import preflight
 
-        HfRun(cfg, rc, setup)
-    if rc.save_hf.enabled and not args.resume:
-        from nereus.hf.export import check_export_dir
-
-        check_export_dir(rc.save_hf.dir)
+    preflight(cfg, rc, setup, fresh=not args.resume)  # tokenizer, export folder
     ctl = RankZeroController(setup, adapt=True)
     ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
     plan, d = ctl.initial()

@@ -24,6 +24,17 @@ from nereus.rl.tokens import TaskCodec, TextCodec
 from nereus.runtime.mpi import frames
 
 
+def preflight(cfg: Any, rc: Any, setup: Any, fresh: bool) -> None:
+    """``nereus run`` before any rank starts: the actor's tokenizer against every model's
+    vocabulary, and (a fresh run) the export folder absent or empty (one line, exit 2)."""
+    if cfg.checkpoints:
+        HfRun(cfg, rc, setup)
+    if rc.save_hf.enabled and fresh:
+        from nereus.hf.export import check_export_dir
+
+        check_export_dir(rc.save_hf.dir)
+
+
 class HfRun:
     """Built on every rank from the agreed config (its errors are the config's: one line)."""
 
