@@ -67,9 +67,6 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps, host_cores=getattr(args, "host_cores", 0))
     require_vllm(rc.generation)
-    from nereus.runtime.worker.hf_run import preflight
-
-    preflight(cfg, rc, setup, fresh=not args.resume)  # tokenizer, export folder
     ctl = RankZeroController(setup, adapt=True)
     ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
     plan, d = ctl.initial()
@@ -81,6 +78,10 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from nereus.log.writer import check_space
 
     log = _resolve_resume(args, rc.failures.checkpoint_dir)
+    from nereus.runtime.worker.hf_run import preflight
+
+    # tokenizer, export folder (after the resume is resolved: a requeued job continues its own)
+    preflight(cfg, rc, setup, fresh=not args.resume)
     if args.resume:  # the preempted run's own log, continued in place
         if not os.path.isfile(log):
             raise ConfigError("--log", log, "must be the preempted run's log (a regular file) "

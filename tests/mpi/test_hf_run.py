@@ -5,13 +5,17 @@ trunk; the plan changes live so actor-train ends at tp=2 and critic-train at pp=
 exports every 2 steps and at its end (``runtime.save_hf``). transformers' ``from_pretrained``
 loads each export with no missing or unexpected keys and gives the logits (values) of the final
 units (``runtime.save_state``); every rank's bytes read equal its shards' bytes under the
-initial plan. A preempted run exports at the boundary it stops at.
+initial plan. A preempted run exports at the boundary it stops at; its requeued job
+continues into the same folder.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from support.hf_checkpoints import checkpoint
+from support.paths import REPO
 from support.preempt_runs import run_and_signal
 from support.run_jobs import nereus
 
@@ -119,6 +124,9 @@ def test_a_run_on_checkpoints_exports_what_transformers_loads(tmp_path: Path) ->
 
 
 def test_a_preempted_run_exports_at_the_boundary_it_stops_at(tmp_path: Path) -> None:
+    """... and its requeued job (``SLURM_RESTART_COUNT`` 1, no ``--resume``: it resumes by
+    itself) continues into the same export folder — not refused as a fresh run's non-empty
+    one — leaves the earlier export as it was and exports at its end."""
     import transformers
 
     out, log = tmp_path / "out", tmp_path / "run.h5"
@@ -131,4 +139,17 @@ def test_a_preempted_run_exports_at_the_boundary_it_stops_at(tmp_path: Path) -> 
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
     _, info = transformers.AutoModelForCausalLM.from_pretrained(
         str(out / steps[0] / "actor"), output_loading_info=True)
+    assert not any(info.values()), info
+    before = {p: p.read_bytes() for p in (out / steps[0]).rglob("*") if p.is_file()}
+
+    env = {**os.environ, "SLURM_RESTART_COUNT": "1"}
+    done = subprocess.run([sys.executable, "-m", "nereus", "run", str(cfg), "--log", str(log),
+                           "--ranks", "4"], capture_output=True, text=True, timeout=1500,
+                          cwd=REPO, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resuming from" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [steps[0], "step-000006"]
+    assert {p: p.read_bytes() for p in (out / steps[0]).rglob("*") if p.is_file()} == before
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out / "step-000006" / "actor"), output_loading_info=True)
     assert not any(info.values()), info
