@@ -7,8 +7,9 @@ taking part in a transfer joins the transition's group — on the host transport
 created for that transition only (unique store prefix, bounded timeout) and dropped afterwards,
 device tensors staged through pinned host buffers; on the device transport the members' cached
 NCCL (RCCL) communicator (:mod:`nereus.runtime.execution.groups`,
-:mod:`nereus.runtime.execution.wire`); the unit groups of new units are created by every rank
-(``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at once; per
+:mod:`nereus.runtime.execution.wire`). Group creation follows the primitives' order on every
+rank: the unit groups of new units and the device communicators are created by every rank
+(``dist.new_group`` is collective), members or not. Transfers are point-to-point, all pairs posted at once; per
 pair, contiguous source slices go as they are (no copy) straight into contiguous destination
 slices, the rest packed into one buffer by the process's packer — the compiled kernels on GPUs,
 torch elsewhere (:mod:`nereus.runtime.execution.packer`):
@@ -41,7 +42,7 @@ from nereus.emu.transfer import Move, TransferPlan, combine_plans, node_transfer
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.execution.device import RankDevice
-from nereus.runtime.execution.groups import TransitionGroup, transition_group, unit_groups
+from nereus.runtime.execution.groups import TransitionGroup, transfer_group, unit_groups
 from nereus.runtime.execution.pack import PairMessages, box_is_contiguous, pair_messages
 from nereus.runtime.execution.packer import Packer, process_packer
 from nereus.runtime.execution.wire import Posted, Wire, post_all_gather
@@ -319,23 +320,26 @@ class TorchExecutor:
 
     def _group(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]] = ()
                ) -> TransitionGroup | None:
-        """The pairwise group: the GPUs of the non-local moves not inside one of ``blocks``."""
+        """The pairwise group: the GPUs of the non-local moves not inside one of ``blocks``
+        (every rank calls it, the same plans in the same order; None on a non-member)."""
         self._seq += 1
         block_of = {g: b for b in blocks for g in b}
         pairwise = [m for m in plan.moves if not m.is_local
                     and not (m.src_gpu in block_of and block_of.get(m.dst_gpu) == block_of[m.src_gpu])]
         members = tuple(sorted({m.src_gpu for m in pairwise} | {m.dst_gpu for m in pairwise}))
-        if self.global_rank not in members:
+        if not members:
             return None
-        group = transition_group(self.store, f"{self.namespace}/{self._seq}", members,
-                                 self.global_rank, self.timeout_s, self.device)
-        self.transports[group.label] = self.transports.get(group.label, 0) + 1
+        # every rank: a device communicator's creation is collective
+        group = transfer_group(self.store, f"{self.namespace}/{self._seq}", members,
+                               self.global_rank, self.timeout_s, self.device)
+        if group is not None:
+            self.transports[group.label] = self.transports.get(group.label, 0) + 1
         return group
 
     def _gathers(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]]
                  ) -> list[tuple[tuple[int, ...], TransitionGroup | None]]:
         """The Split blocks that move data as one all-gather, each with its group (joined by
-        the block's members only; None elsewhere). Call after :meth:`_group` (same sequence)."""
+        block's members; None elsewhere; every rank calls it). Call after :meth:`_group`."""
         if not self.split_allgather:
             return []
         out: list[tuple[tuple[int, ...], TransitionGroup | None]] = []
@@ -344,11 +348,8 @@ class TorchExecutor:
                      and m.src_gpu in block and m.dst_gpu in block]
             if len(block) < 2 or not inner or block_contributions(plan, block) is None:
                 continue
-            group = None
-            if self.global_rank in block:
-                group = transition_group(self.store, f"{self.namespace}/{self._seq}/gather"
-                                         f"{block[0]}", block, self.global_rank, self.timeout_s,
-                                         self.device)
+            group = transfer_group(self.store, f"{self.namespace}/{self._seq}/gather{block[0]}",
+                                   block, self.global_rank, self.timeout_s, self.device)
             out.append((block, group))
         return out
 
