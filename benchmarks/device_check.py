@@ -129,7 +129,8 @@ class Check:
 
     def kill(self, proc: subprocess.Popen[str] | None) -> list[int]:
         """TERM (and CONT, for a stopped one) to the child's group and every marked process,
-        KILL what is left after 3 s; returns the pids still alive after that."""
+        KILL what is left after 3 s (again for up to 10 s, a process forked meanwhile too);
+        returns the pids still alive after that."""
         groups = {proc.pid} if proc is not None else set()
         for sig in (signal.SIGTERM, signal.SIGCONT):
             for pid in self.marked():
@@ -141,16 +142,19 @@ class Check:
                 with contextlib.suppress(OSError):
                     os.killpg(pg, sig)
         end = time.monotonic() + 3
-        while time.monotonic() < end and (self.marked() or (proc and proc.poll() is None)):
+        while time.monotonic() < end and (any(_alive(p) for p in self.marked())
+                                          or (proc and proc.poll() is None)):
             time.sleep(0.1)
-        for pid in self.marked():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
         for pg in groups:
             with contextlib.suppress(OSError):
                 os.killpg(pg, signal.SIGKILL)
-        time.sleep(0.2)
-        return [p for p in self.marked() if _alive(p)]
+        end = time.monotonic() + 10  # KILL again whatever is still there (or was forked since)
+        while (left := [p for p in self.marked() if _alive(p)]) and time.monotonic() < end:
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        return left
 
 
 def _alive(pid: int) -> bool:

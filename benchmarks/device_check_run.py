@@ -110,6 +110,10 @@ def part_b(chk: Any, pre: dict[str, Any], induce_hang: bool) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 p.unlink()
     res["ok"] = res["one_rank"]["ok"] and res["four_ranks_shared"]["ok"]
+    if not res["ok"]:
+        res["why"] = "; ".join(f"{name}: " + (r.get("skipped") or ("timed out" if r.get(
+            "timed_out") else f"exit {r.get('exit')}, checks failed"))
+            for name, r in res.items() if isinstance(r, dict) and not r["ok"])
     return res
 
 
