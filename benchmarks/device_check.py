@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK = "NEREUS_DEVICE_CHECK_RUN"  # this run's token, inherited by every child process
 # Seconds for each bounded step on the GPU machine (16 cores); the dry run multiplies them by
 # --scale on a slower machine. Their sum stays under the cap the shell gives (tested).
-BUDGET_S = {"probe_mpi4py": 10, "a.build": 90, "a.correct": 25, "a.bandwidth": 40,
-            "c": 45, "b.one": 45, "b.four": 65}
+BUDGET_S = {"probe_torch": 10, "probe_mpi4py": 10, "a.build": 85, "a.correct": 25,
+            "a.bandwidth": 40, "c": 45, "b.one": 45, "b.four": 65}
 PART_ORDER = ("a", "c", "b")
 HANG_LIMIT_S = 20  # --induce-hang: part (b)'s first run is known to hang; wait this long for it
 
@@ -129,7 +129,7 @@ class Check:
 
     def kill(self, proc: subprocess.Popen[str] | None) -> list[int]:
         """TERM (and CONT, for a stopped one) to the child's group and every marked process,
-        KILL what is left after 3 s (again for up to 10 s, a process forked meanwhile too);
+        KILL what is left after 3 s (again for up to 5 s, a process forked meanwhile too);
         returns the pids still alive after that."""
         groups = {proc.pid} if proc is not None else set()
         for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -148,7 +148,7 @@ class Check:
         for pg in groups:
             with contextlib.suppress(OSError):
                 os.killpg(pg, signal.SIGKILL)
-        end = time.monotonic() + 10  # KILL again whatever is still there (or was forked since)
+        end = time.monotonic() + 5  # KILL again whatever is still there (or was forked since)
         while (left := [p for p in self.marked() if _alive(p)]) and time.monotonic() < end:
             for pid in left:
                 with contextlib.suppress(OSError):
@@ -176,9 +176,10 @@ def _have(mod: str) -> bool:
 
 def prerequisites(chk: Check) -> dict[str, Any]:
     """What each part needs, found or not (``missing`` per part)."""
-    import torch
-
-    gpu = torch.cuda.is_available()
+    t = chk.run([sys.executable, str(Path(__file__)), "--torch-facts"], "probe_torch")
+    line = next((ln for ln in t["stdout"].splitlines()[::-1] if ln.startswith("{")), "{}")
+    facts = json.loads(line)
+    gpu = bool(facts.get("available"))
     cuda_home = os.environ.get("CUDA_HOME", "")
     headers = bool(cuda_home) and (Path(cuda_home) / "include" / "cuda_runtime.h").exists()
     nvcc = str(Path(cuda_home) / "bin" / "nvcc") if cuda_home and \
@@ -193,9 +194,7 @@ def prerequisites(chk: Check) -> dict[str, Any]:
                    "print(MPI.Get_library_version().splitlines()[0])"], "probe_mpi4py")
     found: dict[str, Any] = {
         "python": sys.version.split()[0],
-        "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
-                  "hip": getattr(torch.version, "hip", None),
-                  "device": torch.cuda.get_device_name(0) if gpu else None},
+        "torch": facts,
         "modules": {m: _have(m) for m in ("megatron.core", "transformers", "h5py", "yaml",
                                           "numpy", "packaging", "pynvml")},
         "mpi4py_loads": mpi["code"] == 0, "mpi_library": mpi["stdout"].strip()[:120],
@@ -229,9 +228,7 @@ def _ulfm(version: str) -> bool:
 def part_a(chk: Check, pre: dict[str, Any]) -> dict[str, Any]:
     if chk.dry_run:
         return _part_a_dry(chk, pre)
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(0)
+    major, minor = pre["torch"]["capability"]
     env = {"NEREUS_BUILD_KERNELS": "1", "MAX_JOBS": str(os.cpu_count() or 8),
            "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")}
     b = chk.run([sys.executable, "setup.py", "build_ext", "--inplace"], "a.build", env)
@@ -293,6 +290,18 @@ def _part_a_dry(chk: Check, pre: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def torch_facts() -> dict[str, Any]:
+    """torch's build and device, asked in a child: the check itself never holds a CUDA
+    context (its memory would be missing from the parts' measurements)."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return {"version": torch.__version__, "cuda": torch.version.cuda,
+            "hip": getattr(torch.version, "hip", None), "available": gpu,
+            "device": torch.cuda.get_device_name(0) if gpu else None,
+            "capability": list(torch.cuda.get_device_capability(0)) if gpu else None}
+
+
 def host_kernels() -> dict[str, Any]:
     import random
 
@@ -337,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--induce-hang", action="store_true")
     ap.add_argument("--host-kernels", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-facts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.host_kernels:
-        print(json.dumps(host_kernels()))
+    if args.host_kernels or args.torch_facts:
+        print(json.dumps(host_kernels() if args.host_kernels else torch_facts()))
         return 0
     if sum(BUDGET_S.values()) * args.scale >= args.cap_s:
         print(f"device check: budgets {sum(BUDGET_S.values())} s x {args.scale} do not fit "
@@ -350,9 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     chk = Check(out, args.dry_run, args.cap_s, args.scale)
 
     def outer_cap(signum: int, _frame: Any) -> None:
-        chk.kill(chk.child)
         chk.summary["stopped"] = f"signal {signum} (the outer cap)"
         chk.summary["passed"] = False
+        chk.save()  # first: the shell's KILL follows 10 s after its TERM
+        chk.summary["left_behind"] = chk.kill(chk.child)
         chk.save()
         chk.say("device check: stopped by the outer cap; the summary has what finished")
         os._exit(124)
@@ -361,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     pre = prerequisites(chk)
     chk.summary["prerequisites"] = pre
-    chk.summary["device"] = pre["torch"]["device"] or "cpu"
+    chk.summary["device"] = pre["torch"].get("device") or "cpu"
     chk.save()
     parts = [p for p in PART_ORDER if p in args.parts.split(",")]
     for part in parts:
