@@ -29,7 +29,9 @@ dc_probe() {
   (timeout 9 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used \
      --format=csv,noheader >"$d/1" 2>&1 || echo "nvidia-smi: unavailable (exit $?)" >>"$d/1") &
   (nv=$(command -v nvcc || true); nv=${nv:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
-   timeout 9 "$nv" --version 2>&1 | tail -n 2 >"$d/2" || echo "nvcc: unavailable" >>"$d/2") &
+   v=$(timeout 9 "$nv" --version 2>&1); rc=$?
+   if [ "$rc" -eq 0 ]; then printf '%s\n' "$v" | tail -n 2; \
+   else echo "nvcc: unavailable (exit $rc)"; fi >"$d/2" 2>&1) &
   (timeout 9 "$DC_PY" -c "import torch; ok = torch.cuda.is_available(); print('torch', \
 torch.__version__, 'cuda', torch.version.cuda, 'hip', getattr(torch.version, 'hip', None), \
 'available', ok, torch.cuda.get_device_name(0) if ok else '')" >"$d/3" 2>&1 \
@@ -38,8 +40,10 @@ torch.__version__, 'cuda', torch.version.cuda, 'hip', getattr(torch.version, 'hi
 MPI.Get_library_version().splitlines()[0])" >"$d/4" 2>&1 \
      || echo "from mpi4py import MPI: failed (exit $?)" >>"$d/4") &
   (m=$(command -v mpiexec || true)
-   if [ -n "$m" ]; then echo "$m: $(timeout 9 "$m" --version 2>&1 | head -n 1)"; \
-   else echo "mpiexec: not on PATH"; fi >"$d/5" 2>&1) &
+   if [ -z "$m" ]; then echo "mpiexec: not on PATH"
+   else v=$(timeout 9 "$m" --version 2>&1); rc=$?
+     if [ "$rc" -eq 124 ]; then echo "$m: unavailable (exit 124)"; else echo "$m: ${v%%$'\n'*}"; fi
+   fi >"$d/5" 2>&1) &
   wait
   {
     echo "== environment probe ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname), $(nproc) cores)"
