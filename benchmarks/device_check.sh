@@ -62,8 +62,13 @@ export PYTHONWARNINGS=ignore
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 dc_probe "$LOG"                                                     # <= 10 s, first in the log
-if ! timeout "$(dc_t 10)" "$PY" -c "import torch, numpy" 2>/dev/null; then      # <= 10 s
-  echo "needs python3 with torch and numpy" | tee -a "$LOG" >&2
+lim=$(dc_t 10)
+timeout "$lim" "$PY" -c "import torch, numpy" 2>/dev/null                        # <= 10 s
+rc=$?
+if [ "$rc" -ne 0 ]; then
+  if [ "$rc" -eq 124 ]; then why="took over $lim s (a loaded machine: DEVICE_CHECK_SCALE)"
+  else why="failed (exit $rc)"; fi
+  echo "needs python3 with torch and numpy: import torch, numpy $why" | tee -a "$LOG" >&2
   exit 2
 fi
 if ! timeout "$(dc_t 10)" "$PY" -c "import megatron.core, yaml, packaging" 2>/dev/null; then  # <= 10 s
