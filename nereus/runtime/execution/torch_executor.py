@@ -9,10 +9,10 @@ device tensors staged through pinned host buffers; on the device transport the m
 NCCL (RCCL) communicator (:mod:`nereus.runtime.execution.groups`,
 :mod:`nereus.runtime.execution.wire`). Group creation follows the primitives' order on every
 rank: the unit groups of new units and the device communicators are created by every rank
-(``dist.new_group`` is collective), members or not. Transfers are point-to-point, all pairs posted at once; per
-pair, contiguous source slices go as they are (no copy) straight into contiguous destination
-slices, the rest packed into one buffer by the process's packer — the compiled kernels on GPUs,
-torch elsewhere (:mod:`nereus.runtime.execution.packer`):
+(``dist.new_group`` is collective), members or not. Transfers are point-to-point, all pairs
+posted at once; per pair, contiguous source slices go as they are (no copy) straight into
+contiguous destination slices, the rest packed into one buffer by the process's packer — the
+compiled kernels on GPUs, torch elsewhere (:mod:`nereus.runtime.execution.packer`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
   GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
   ``TorchExecutor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
@@ -339,7 +339,7 @@ class TorchExecutor:
     def _gathers(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]]
                  ) -> list[tuple[tuple[int, ...], TransitionGroup | None]]:
         """The Split blocks that move data as one all-gather, each with its group (joined by
-        block's members; None elsewhere; every rank calls it). Call after :meth:`_group`."""
+        the block's members; None elsewhere; every rank calls it). Call after :meth:`_group`."""
         if not self.split_allgather:
             return []
         out: list[tuple[tuple[int, ...], TransitionGroup | None]] = []
