@@ -69,7 +69,7 @@ from nereus.transition.reachable import min_gpus, reachable
 from nereus.transition.reference.compile import compile_transition
 from nereus.transition.residency import ConflictSpec
 from nereus.transition.schedule import simulate
-from nereus.transition.semantics import check_schedule
+from nereus.transition.schedule_check import check_schedule
 from nereus.transition.validate import validate_dag
 
 GPN = 8

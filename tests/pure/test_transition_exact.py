@@ -22,7 +22,8 @@ from nereus.transition.exact import exact_schedule, ticks
 from nereus.transition.reachable import min_gpus, reachable
 from nereus.transition.reference.compile import compile_transition
 from nereus.transition.schedule import simulate
-from nereus.transition.semantics import check_schedule, occupancies, semantic_edges
+from nereus.transition.schedule_check import check_schedule
+from nereus.transition.semantics import occupancies, semantic_edges
 
 CLUSTER = ClusterSpec(4, 8, H200)
 
@@ -89,7 +90,7 @@ def test_memory_binds_the_exact_schedule_and_the_check_sees_an_overflow() -> Non
     assert bounded.makespan_s > free.makespan_s + 0.01
     assert check_schedule(dag, free.durations, free.start) == []
     bad = check_schedule(dag, free.durations, free.start, capacity_bytes=cap)
-    assert bad and "cannot start" in bad[0]
+    assert bad and all(b.startswith("memory: ") for b in bad)
     assert check_schedule(dag, bounded.durations, bounded.start, capacity_bytes=cap) == []
 
 
@@ -103,14 +104,14 @@ def test_the_check_refuses_an_acquisition_before_the_release() -> None:
     for d in des:
         start[d] = 10**6  # each Destroy after the Extend onto the GPU it frees
     bad = check_schedule(dag, dur, start)
-    assert bad and "Extend" in bad[0]
+    assert bad and all(b.startswith("GPU ownership: ") for b in bad)
     assert check_schedule(dag, dur, [0] * len(dag.primitives)) == []  # releases take no time
     # a local edge broken: the Destroy of a read source before its Extend ends
     src1 = [Emu("a-inf", "a", Layout(2, 1), (0, 1))]
     tgt1 = [Emu("a-inf", "a", Layout(2, 1), (2, 3))]
     one = compile_transition(src1, tgt1, lambda m: 10**9)
-    assert any("before" in b for b in check_schedule(one, ticks(durations_s(one, CLUSTER)),
-                                                       [0, 0]))
+    assert any(b.startswith("local edge: ") and "before" in b
+               for b in check_schedule(one, ticks(durations_s(one, CLUSTER)), [0, 0]))
     assert ext and (ext[0], des[0]) not in semantic_edges(dag)
 
 
