@@ -16,7 +16,12 @@ from nereus.emu.primitives import Destroy, Extend
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import TransitionError
 from nereus.spec.hardware import H200, ClusterSpec
-from nereus.transition.baselines import per_component_dag, per_component_simulate
+from nereus.transition.baselines import (
+    peer_sequential,
+    peer_sequential_run,
+    per_component_dag,
+    per_component_simulate,
+)
 from nereus.transition.cost import critical_path_s, durations_s
 from nereus.transition.exact import exact_schedule, ticks
 from nereus.transition.reachable import min_gpus, reachable
@@ -208,3 +213,47 @@ def test_per_component_plans_each_model_stage_alone() -> None:
         per_component_dag([Emu("a-inf", "a", Layout(2, 1), (0, 1))],
                           [Emu("a-inf", "a", Layout(2, 1), (1, 2))], lambda m: 10,
                           capacity_bytes=6)
+
+
+def test_the_peer_migrates_model_stage_by_model_stage_release_before_acquire() -> None:
+    """The peer baseline (``peer_sequential``): each model-stage's own migration, planned alone,
+    one model-stage after the other in stage order, Destroys before Extends; an Extend copies a
+    replica that stays rather than one about to be freed."""
+    e = lambda m, g: Emu(m, m[0], Layout(1, 1), (g,))  # noqa: E731
+    # a-gen frees GPU 1 and b-inf then takes it: in stage order it runs through
+    src, tgt = [e("a-gen", 0), e("a-gen", 1), e("b-inf", 2)], [e("a-gen", 0), e("b-inf", 2),
+                                                               e("b-inf", 1)]
+    pc = per_component_dag(src, tgt, lambda m: 10**9)
+    dur = durations_s(pc, CLUSTER)
+    ok = peer_sequential_run(pc, dur)
+    seq = peer_sequential(pc)
+    alone = []
+    for m in ("a-gen", "b-inf"):
+        own = per_component_dag([u for u in src if u.model_stage == m],
+                                [v for v in tgt if v.model_stage == m], lambda m: 10**9)
+        alone.append(simulate(own, durations_s(own, CLUSTER)).makespan_s)
+    assert ok.success and ok.time_s == pytest.approx(sum(alone))  # one after the other
+    t = ticks(dur)
+    start = [round(x) for x in simulate(seq, [float(d) for d in t]).start_s]
+    assert check_schedule(seq, t, start) == []  # the peer's run obeys every rule
+    # the same move in the other stage order: b-inf's turn comes first, GPU 1 is still a-inf's
+    src2 = [Emu("a-inf", "a", Layout(1, 1), (0,)), Emu("a-inf", "a", Layout(1, 1), (1,)),
+            Emu("b-gen", "b", Layout(1, 1), (2,))]
+    tgt2 = [Emu("a-inf", "a", Layout(1, 1), (0,)), Emu("b-gen", "b", Layout(1, 1), (2,)),
+            Emu("b-gen", "b", Layout(1, 1), (1,))]
+    pc2 = per_component_dag(src2, tgt2, lambda m: 10**9)
+    stuck = peer_sequential_run(pc2, durations_s(pc2, CLUSTER), timeout_s=60.0)
+    assert not stuck.success and stuck.time_s == 60.0 and "GPUs held by a-inf" in stuck.reason
+    ours = compile_transition(src2, tgt2, lambda m: 10**9)
+    assert simulate(ours, durations_s(ours, CLUSTER)).makespan_s < 1.0  # ours orders it
+    # release before acquire: a-inf's move from GPU 1 to 3 copies the replica on GPU 0, which
+    # stays, so its Destroy of GPU 1 no longer waits for the copy
+    src3 = [e("a-inf", 0), e("a-inf", 1)]
+    tgt3 = [e("a-inf", 0), e("a-inf", 3)]
+    raw = per_component_dag(src3, tgt3, lambda m: 10**9)
+    peer = peer_sequential(raw)
+    (ext,) = [p for p in peer.primitives if isinstance(p, Extend)]
+    (des,) = [i for i, p in enumerate(peer.primitives) if isinstance(p, Destroy)]
+    assert ext.src.gpus == (0,)
+    x = peer.primitives.index(ext)
+    assert (des, x, "order") in peer.edges and (x, des, "data") not in peer.edges
