@@ -173,16 +173,17 @@ def _median(xs: list[float]) -> float:
 
 
 def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int,
-                  placements: tuple[str, ...] = ("disjoint", "co-resident")
-                  ) -> list[dict[str, object]]:
+                  placements: tuple[str, ...] = ("disjoint", "co-resident"),
+                  exact_det_s: float | None = None) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for placement in placements:
         for n in sizes:
-            rows.append(_planning_row(placement, n, exact_cap_s, repeats))
+            rows.append(_planning_row(placement, n, exact_cap_s, repeats, exact_det_s))
     return rows
 
 
-def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> dict[str, object]:
+def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int,
+                  exact_det_s: float | None = None) -> dict[str, object]:
     cluster = ClusterSpec(n // GPN, GPN, H200)
     cur, tgt, conflicts = _plans(placement, n)
     src, dst = emus_of_plan(cur, STATES), emus_of_plan(tgt, STATES)
@@ -223,14 +224,14 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
     sim = simulate(dag, dur, capacity_bytes=CAP).makespan_s
     t0, c0 = time.perf_counter(), time.process_time()
     ex = exact_schedule(dag, dur, capacity_bytes=CAP, time_limit_s=exact_cap_s,
-                        workers=EXACT_WORKERS)
+                        workers=EXACT_WORKERS, deterministic_s=exact_det_s)
     exact_ms = (time.perf_counter() - t0) * 1e3
     exact_cpu_s = time.process_time() - c0  # the solver's threads: what the load left it
     found = ex.makespan_s == ex.makespan_s
     # the same solver left to find its own schedules: no hint, the same cap
     t0, c0 = time.perf_counter(), time.process_time()
     free = exact_schedule(dag, dur, capacity_bytes=CAP, time_limit_s=exact_cap_s,
-                          workers=EXACT_WORKERS, hint=False)
+                          workers=EXACT_WORKERS, hint=False, deterministic_s=exact_det_s)
     free_ms = (time.perf_counter() - t0) * 1e3
     free_cpu_s = time.process_time() - c0
     free_found = free.makespan_s == free.makespan_s
@@ -259,6 +260,7 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
         "reference_cpu_best_ms": round(min(ref_cpu) * 1e3, 3),
         "validate_ms": round(validate_ms, 3),
         "plan_pct_of_tran": round(_median([p[0] for p in parts]) / (cost_s * 1e3) * 100, 4),
+        "exact_cap_s": exact_cap_s, "exact_det_s": exact_det_s,
         "exact_ms": round(exact_ms, 1), "exact_cpu_s": round(exact_cpu_s, 1),
         "free_cpu_s": round(free_cpu_s, 1), "exact_optimal": ex.optimal, "exact_status": ex.status,
         "exact_valid": valid,
@@ -438,6 +440,9 @@ def main() -> int:
     ap.add_argument("--exact-cap-s", type=float, default=30.0,
                     help="solver time per exact run (each planning row runs it twice: with our "
                          "schedule as a hint, and without)")
+    ap.add_argument("--exact-det-s", type=float, default=None, metavar="S",
+                    help="also cap each exact run at S of CP-SAT's deterministic time (the same "
+                         "search on a loaded or a quiet machine; raise --exact-cap-s beside it)")
     ap.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     metavar="N,N,...", help="planning rows at these GPU counts only")
     ap.add_argument("--placements", default="disjoint,co-resident",
@@ -456,7 +461,7 @@ def main() -> int:
     sizes = args.sizes or ([32, 128] if args.quick else [32, 64, 128, 256, 512, 1024])
     placements = tuple(args.placements.split(","))
     planning = [] if args.only == "overlap" else planning_rows(
-        sizes, args.exact_cap_s, 5 if args.quick else 21, placements)
+        sizes, args.exact_cap_s, 5 if args.quick else 21, placements, args.exact_det_s)
     overlap = [] if args.only == "planning" else overlap_rows(10 if args.quick else 100,
                                                               20261201)
     if args.real:
