@@ -116,10 +116,11 @@ def _check_readme_claims(summary: dict[str, Any], run: Any) -> list[tuple[float,
             assert "memory" in why["triggers"] and d["executor"] == "dag" and prims, (n, d)
             used = {g for sp in plans[i + 1]["stages"] for r in sp["replicas"] for g in r}
             assert used & node1, used
-        else:  # on a loaded host one more memory change may come that moves no state
+        else:  # on a loaded host one more change may come on memory (after step 5 in our runs)
             assert "memory" in why["triggers"] and d["executor"] == "dag", (n, d, why)
-            assert prims == [] and int(nbytes) == 0, (n, prims)
-            continue
+            assert bool(prims) == (int(nbytes) > 0), (n, prims, nbytes)
+            if not prims:  # smaller micro-batches with recomputation: nothing to move
+                continue
         moved.append((float(tr["measured_s"][i]), float(tr["predicted_s"][i]), d["executor"]))
     assert {3, 4, 7} <= set(after), after
     # the closed loop: stage times against predictions and refitted fixed costs every step
