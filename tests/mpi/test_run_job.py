@@ -62,9 +62,9 @@ def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> Non
 README_RUNS = 3  # the ratio band is judged over this many runs' transitions
 # The band holds where the host runs the job's 8 ranks and little else: the 1-minute load
 # average stays at or below this during every run. Above it the first DAG and the first
-# gather-and-reload take 2.5-3.8x their prediction (their rates are still the quiet host's
-# defaults; measured at load averages 50-80, benchmarks/RESULTS.md, *README job*), and the band
-# is reported as not measured here (the test is skipped, after every other check has run).
+# gather-and-reload take 2.5-5.9x their prediction (their rates are still the quiet host's
+# defaults; measured at load averages 23-115, benchmarks/RESULTS.md, *README job*), and the band
+# is reported as not judged here (the test is skipped, after every other check has run).
 QUIET_LOAD = 12.0
 
 
