@@ -6,20 +6,13 @@ GPUs; the target changes dp of four model-stages and tp/pp of four, with the blo
 shifting so that model-stages take over each other's GPUs) and "co-resident" (as the planner
 places a synchronous workflow: each phase — gen, inf, train — spans the whole pool, model-stages
 of one phase on disjoint GPUs, phases sharing GPUs; the conflict relation is
-``Workflow.concurrent``). Ours = what the controller runs per replan (:func:`nereus.transition.plan_transition`):
-``plan_plans`` from the two plans, with L̂_tran, on the batched path of :mod:`nereus.transition.batched.plan`
-(median of repeats, wall and CPU time, and the best CPU time: on a loaded machine the least
-disturbed run), each repeat after the untimed expansion of the one before (cold caches, as a
-replan after a training step finds them); ``warm``: the median CPU time of as many plannings
-back to back (the controller weighs its options one after the other). Each repeat plans to a new target plan object, whose replica tuples are read in
-the timed call; the current plan is one object throughout, as the controller's is between
-transitions (it adopts the admitted target object, whose replica matrices were read when it was
-planned). Timed apart: expanding to the per-primitive DAG (only for the transition that is executed), the reference compiler
-(``compile_transition`` + ``transition_cost_s`` on prebuilt units) in the same minutes, and
-validation (exhaustive over interleavings, run in tests); ``same`` checks the expanded DAG and
-L̂_tran against the reference's; ``plan %`` is the planning time as a share of the L̂_tran it
-plans (the goal: ≤ 1%). The exact scheduler (:mod:`nereus.transition.exact`, CP-SAT, time-capped)
-orders the same primitives subject only to each model-stage's local edges, GPU ownership, one
+``Workflow.concurrent``). Ours = what the controller runs per replan (``plan_plans`` with
+L̂_tran, the batched path): median wall and CPU time of cold repeats (each to a new target
+plan object, after the untimed expansion of the one before) and the best CPU time; ``warm``:
+back to back. Timed apart: the expansion to the per-primitive DAG, the reference compiler on
+prebuilt units, and validation; ``same``: the expanded DAG and L̂_tran equal the reference's;
+``plan %``: planning time as a share of the L̂_tran it plans (the goal: ≤ 1%). The exact
+scheduler (:mod:`nereus.transition.exact`, CP-SAT, time-capped) orders the same primitives subject only to each model-stage's local edges, GPU ownership, one
 primitive per GPU and model-stage, and memory at every instant — none of our resource, order or
 memory edges. It runs twice per row with the same cap: once from our schedule as a hint (so it
 is never worse than ours), once without (its own schedules only: what it finds alone, and
@@ -43,9 +36,8 @@ model-stage's turn comes while a GPU it needs is still held by one that moves la
 buffers do not fit), and *independent controllers* run them concurrently, each in a random order
 of its own with hold-and-wait GPU grabbing (a DynaRL-style straw man, built to deadlock); their
 failures and ours are counted at the timeout. ``peer/ours``: the peer's time over ours on the
-trials both complete. Mode "sim" here;
-mode "real" (the same three overlap types scaled to 8 MPI ranks with tiny Megatron models, the
-primitives executed over gloo) is benchmarks/transition_dag_real.py, added with ``--real N``.
+trials both complete. Mode "sim" here; mode "real" (8 MPI ranks, tiny Megatron models,
+transfers over gloo) is benchmarks/transition_dag_real.py, added with ``--real N``.
 
     python benchmarks/transition_dag.py [--json] [--quick] [--exact-cap-s S]
         [--only planning|overlap] [--sizes 32,64] [--placements disjoint,co-resident]
@@ -173,17 +165,16 @@ def _median(xs: list[float]) -> float:
 
 
 def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int,
-                  placements: tuple[str, ...] = ("disjoint", "co-resident"),
-                  exact_det_s: float | None = None) -> list[dict[str, object]]:
+                  placements: tuple[str, ...] = ("disjoint", "co-resident")
+                  ) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for placement in placements:
         for n in sizes:
-            rows.append(_planning_row(placement, n, exact_cap_s, repeats, exact_det_s))
+            rows.append(_planning_row(placement, n, exact_cap_s, repeats))
     return rows
 
 
-def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int,
-                  exact_det_s: float | None = None) -> dict[str, object]:
+def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> dict[str, object]:
     cluster = ClusterSpec(n // GPN, GPN, H200)
     cur, tgt, conflicts = _plans(placement, n)
     src, dst = emus_of_plan(cur, STATES), emus_of_plan(tgt, STATES)
@@ -224,14 +215,14 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int,
     sim = simulate(dag, dur, capacity_bytes=CAP).makespan_s
     t0, c0 = time.perf_counter(), time.process_time()
     ex = exact_schedule(dag, dur, capacity_bytes=CAP, time_limit_s=exact_cap_s,
-                        workers=EXACT_WORKERS, deterministic_s=exact_det_s)
+                        workers=EXACT_WORKERS)
     exact_ms = (time.perf_counter() - t0) * 1e3
     exact_cpu_s = time.process_time() - c0  # the solver's threads: what the load left it
     found = ex.makespan_s == ex.makespan_s
     # the same solver left to find its own schedules: no hint, the same cap
     t0, c0 = time.perf_counter(), time.process_time()
     free = exact_schedule(dag, dur, capacity_bytes=CAP, time_limit_s=exact_cap_s,
-                          workers=EXACT_WORKERS, hint=False, deterministic_s=exact_det_s)
+                          workers=EXACT_WORKERS, hint=False)
     free_ms = (time.perf_counter() - t0) * 1e3
     free_cpu_s = time.process_time() - c0
     free_found = free.makespan_s == free.makespan_s
@@ -260,7 +251,7 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int,
         "reference_cpu_best_ms": round(min(ref_cpu) * 1e3, 3),
         "validate_ms": round(validate_ms, 3),
         "plan_pct_of_tran": round(_median([p[0] for p in parts]) / (cost_s * 1e3) * 100, 4),
-        "exact_cap_s": exact_cap_s, "exact_det_s": exact_det_s,
+        "exact_cap_s": exact_cap_s,
         "exact_ms": round(exact_ms, 1), "exact_cpu_s": round(exact_cpu_s, 1),
         "free_cpu_s": round(free_cpu_s, 1), "exact_optimal": ex.optimal, "exact_status": ex.status,
         "exact_valid": valid,
@@ -433,6 +424,38 @@ def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
     return rows
 
 
+def _cols(spec: str) -> tuple[tuple[str, str, int], ...]:
+    """``header:key:width ...`` (``_`` in a header prints as a space)."""
+    return tuple((h, k, int(w)) for h, k, w in (c.split(":") for c in spec.split()))
+
+
+PLANNING_COLUMNS = _cols(
+    "placement:placement:-12 GPUs:gpus:5 prims:primitives:6 res.:resource_edges:5 "
+    "mem.:memory_edges:5 same:same_as_reference:5 ours_ms:ours_ms:8 cpu_ms:ours_cpu_ms:7 "
+    "best:ours_cpu_best_ms:7 warm:ours_warm_ms:7 expand:expand_ms:7 ref_cpu:reference_cpu_ms:8 "
+    "plan_%:plan_pct_of_tran:7 L_tran_s:cost_s:9 ours_s:ours_makespan_s:8 |hint_ms:exact_ms:9 "
+    "status:exact_status:9 ok:exact_valid:5 s:exact_makespan_s:7 bound:exact_bound_s:7 "
+    "gap_%:gap_pct:6 |free_ms:free_ms:9 status:free_status:9 ok:free_valid:5 "
+    "s:free_makespan_s:7 bound:free_bound_s:7 gap_%:gap_free_pct:6 |bound_s:bound_s:9 "
+    "gap_<=:gap_to_bound_pct:7")
+OVERLAP_COLUMNS = _cols(
+    "overlap_type:type:-26 mode:mode:4 trials:trials:6 excl.:excluded:5 "
+    "ours_%:ours_success_pct:7 peer_%:peer_success_pct:7 indep._%:baseline_success_pct:8 "
+    "ours_s:ours_s:7 peer_s:peer_s:7 indep._s:baseline_s:8 both:both_ok:5 "
+    "peer/ours:peer_over_ours:9 edges:edges:6 rejected:ours_rejected:8 "
+    "unplanned:baseline_unplanned:9")
+
+
+def _table(rows: list[dict[str, object]], cols: tuple[tuple[str, str, int], ...]) -> None:
+    """Rows as a text table (a negative width: left-aligned)."""
+    def cell(text: object, w: int) -> str:
+        return f"{text!s:<{-w}}" if w < 0 else f"{text!s:>{w}}"
+
+    print(" ".join(cell(h.replace("_", " "), w) for h, _, w in cols))
+    for r in rows:
+        print(" ".join(cell(r.get(k), w) for _, k, w in cols))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
@@ -440,9 +463,6 @@ def main() -> int:
     ap.add_argument("--exact-cap-s", type=float, default=30.0,
                     help="solver time per exact run (each planning row runs it twice: with our "
                          "schedule as a hint, and without)")
-    ap.add_argument("--exact-det-s", type=float, default=None, metavar="S",
-                    help="also cap each exact run at S of CP-SAT's deterministic time (the same "
-                         "search on a loaded or a quiet machine; raise --exact-cap-s beside it)")
     ap.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     metavar="N,N,...", help="planning rows at these GPU counts only")
     ap.add_argument("--placements", default="disjoint,co-resident",
@@ -461,7 +481,7 @@ def main() -> int:
     sizes = args.sizes or ([32, 128] if args.quick else [32, 64, 128, 256, 512, 1024])
     placements = tuple(args.placements.split(","))
     planning = [] if args.only == "overlap" else planning_rows(
-        sizes, args.exact_cap_s, 5 if args.quick else 21, placements, args.exact_det_s)
+        sizes, args.exact_cap_s, 5 if args.quick else 21, placements)
     overlap = [] if args.only == "planning" else overlap_rows(10 if args.quick else 100,
                                                               20261201)
     if args.real:
@@ -474,32 +494,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'res.':>5} {'mem.':>5} {'same':>5} "
-          f"{'ours ms':>8} {'cpu ms':>7} {'best':>7} {'warm':>7} {'expand':>7} {'ref cpu':>8} "
-          f"{'plan %':>7} {'L_tran s':>9} {'ours s':>8} | hinted: {'ms':>7} {'status':>9} "
-          f"{'ok':>3} {'s':>7} {'bound':>7} {'gap %':>6} | no hint: {'ms':>7} {'status':>9} "
-          f"{'ok':>3} {'s':>7} {'bound':>7} {'gap %':>6} | {'bound s':>8} {'gap <=':>7}")
-    for r in planning:
-        print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>5} "
-              f"{r['memory_edges']:>5} {r['same_as_reference']!s:>5} {r['ours_ms']:>8} "
-              f"{r['ours_cpu_ms']:>7} {r['ours_cpu_best_ms']:>7} {r['ours_warm_ms']:>7} "
-              f"{r['expand_ms']:>7} {r['reference_cpu_ms']:>8} {r['plan_pct_of_tran']:>7} "
-              f"{r['cost_s']:>9} {r['ours_makespan_s']:>8} | hinted: {r['exact_ms']:>7} "
-              f"{r['exact_status']:>9} {r['exact_valid']!s:>3.3} {r['exact_makespan_s']!s:>7} "
-              f"{r['exact_bound_s']!s:>7} {r['gap_pct']!s:>6} | no hint: {r['free_ms']:>7} "
-              f"{r['free_status']:>9} {r['free_valid']!s:>3.3} {r['free_makespan_s']!s:>7} "
-              f"{r['free_bound_s']!s:>7} {r['gap_free_pct']!s:>6} | {r['bound_s']!s:>8} "
-              f"{r['gap_to_bound_pct']!s:>7}")
+    _table(planning, PLANNING_COLUMNS)
     print()
-    print(f"{'overlap type':<26} {'mode':>4} {'trials':>6} {'excl.':>5} {'ours %':>7} "
-          f"{'peer %':>7} {'indep. %':>8} {'ours s':>7} {'peer s':>7} {'indep. s':>8} "
-          f"{'both':>5} {'peer/ours':>9} {'edges':>6} {'rejected':>8} {'unplanned':>9}")
-    for r in overlap:
-        print(f"{r['type']:<26} {r['mode']:>4} {r['trials']:>6} {r['excluded']:>5} "
-              f"{r['ours_success_pct']!s:>7} {r.get('peer_success_pct')!s:>7} "
-              f"{r['baseline_success_pct']!s:>8} {r['ours_s']!s:>7} {r.get('peer_s')!s:>7} "
-              f"{r['baseline_s']!s:>8} {r.get('both_ok')!s:>5} {r.get('peer_over_ours')!s:>9} "
-              f"{r['edges']!s:>6} {r['ours_rejected']:>8} {r['baseline_unplanned']:>9}")
+    _table(overlap, OVERLAP_COLUMNS)
     if note:
         print("\n" + note)
     return 0

@@ -78,13 +78,9 @@ def exact_schedule(
     workers: int = 1,
     hint: bool = True,
     seed: int = 0,
-    deterministic_s: float | None = None,
 ) -> ExactSchedule:
     """The shortest schedule of ``dag``'s primitives under :mod:`semantics`, within
     ``time_limit_s`` of solver time (``workers`` search threads; ``seed`` fixes the search).
-    ``deterministic_s``: also stop after that much of CP-SAT's deterministic time (work counted
-    the same whatever else runs on the machine: a search that a loaded host cannot cut short;
-    give a generous ``time_limit_s`` beside it).
 
     ``hint``: start from our scheduler's schedule (the solution is then never longer). Without
     it the solver may also prove that no schedule exists (``status`` ``INFEASIBLE``)."""
@@ -174,8 +170,6 @@ def exact_schedule(
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = max(1, int(workers))
     solver.parameters.random_seed = int(seed)
-    if deterministic_s is not None:
-        solver.parameters.max_deterministic_time = float(deterministic_s)
     code = solver.solve(m)
     status = solver.status_name(code)
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
