@@ -86,6 +86,22 @@ def test_exact_beats_our_memory_edges_where_they_over_serialize() -> None:
     assert ex.makespan_s < 0.8 * ours * 1e-6  # 0.100 s against our 0.150 s
 
 
+def test_without_our_hint_the_solver_finds_its_own_optimum_and_reports_no_hint() -> None:
+    """``hint=False`` (the benchmark's hint-free row): nothing of ours is handed to the solver
+    (``hint_s`` nan), and alone it still reaches the optimum the hinted run proves, checked by
+    the independent checker — shorter than ours, so it did not start from our schedule."""
+    dag, cap = _coresident(98)
+    dur = durations_s(dag, CLUSTER)
+    free = exact_schedule(dag, dur, capacity_bytes=cap, time_limit_s=10, hint=False)
+    hinted = exact_schedule(dag, dur, capacity_bytes=cap, time_limit_s=10)
+    assert free.optimal and hinted.optimal
+    assert free.hint_s != free.hint_s and hinted.hint_s == hinted.hint_s
+    assert free.makespan_s == pytest.approx(hinted.makespan_s)
+    assert check_schedule(dag, free.durations, free.start, capacity_bytes=cap) == []
+    _, ours = _ours(dag, free.durations, cap)
+    assert free.makespan_s < 0.8 * ours * 1e-6
+
+
 def test_memory_binds_the_exact_schedule_and_the_check_sees_an_overflow() -> None:
     dag, cap = _coresident(122)
     dur = durations_s(dag, CLUSTER)
