@@ -33,13 +33,16 @@ class PlannerPort(Protocol):
 
     def options(self, obs: Observation, current: ExecutionPlan | None) -> Sequence[tuple[ExecutionPlan, float]]:
         """Feasible target plans with predicted step latency, fastest (S*) first; later entries
-        are slightly slower plans with cheaper transitions from ``current``."""
+        are slightly slower plans with cheaper transitions from ``current`` (a bounded number:
+        :mod:`nereus.control.options`)."""
         ...
 
     def transition(self, current: ExecutionPlan, target: ExecutionPlan
                    ) -> PlannedTransition | None:
-        """The planned transition (its DAG and L̂_tran), or None when none is executable. The
-        decision carries it from here to the ranks: nothing downstream plans it again."""
+        """The planned transition (its DAG, host-staged DAG, gather-and-reload or
+        checkpoint/restart, and L̂_tran: :func:`nereus.transition.change.plan_change`), or None
+        when none is executable. The decision carries it from here to the ranks: nothing
+        downstream plans it again."""
         ...
 
 
@@ -173,6 +176,10 @@ def controller_step(
         )
         for plan, step_s in port.options(obs, state.plan)
     )
+    horizon = min(
+        (horizons[t].horizon_steps for t in triggers if t in horizons),
+        default=SignalHorizon().horizon_steps,
+    )
     if state.plan is None:
         admission = (
             Admission(True, "initial", "initial plan", options[0].plan)
@@ -180,13 +187,10 @@ def controller_step(
             else Admission(False, "none", "no feasible initial plan")
         )
     elif urgent:
-        admission = admit_urgent(options)
+        admission = admit_urgent(options, horizon, spec.model_error)
     else:
-        horizon = min(
-            (horizons[t].horizon_steps for t in triggers if t in horizons),
-            default=SignalHorizon().horizon_steps,
-        )
-        admission = admit_opportunistic(current_eval.step_s, options, spec.gamma, horizon)
+        admission = admit_opportunistic(current_eval.step_s, options, spec.gamma, horizon,
+                                        spec.model_error)
 
     # References reset after every replan, even when the transition is rejected.
     after = replace(

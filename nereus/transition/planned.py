@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from nereus.cost.calibration import Calibration
 from nereus.emu.primitives import StateSizer, model_replicated_sizer, model_state_sizer
@@ -35,30 +36,52 @@ from nereus.transition.graph import longest_path
 from nereus.transition.reference.compile import compile_transition
 from nereus.transition.residency import ConflictSpec
 
+if TYPE_CHECKING:
+    from nereus.transition.staged import StagedTransition
+
+EXECUTORS = ("dag", "staged", "gather-reload", "restart")
+
 
 @dataclass(frozen=True)
 class PlannedTransition:
     """A compiled transition and its L̂_tran on the cluster it was planned for.
 
-    Exactly one of ``batched`` (the batched path's arrays) and ``reference`` (the reference
-    compiler's DAG) is set; :attr:`dag` is the per-primitive DAG either way (equal to what the
-    reference compiler returns), built on first use."""
+    A DAG: exactly one of ``batched`` (the batched path's arrays) and ``reference`` (the
+    reference compiler's DAG) is set; :attr:`dag` is the per-primitive DAG either way (equal to
+    what the reference compiler returns), built on first use. A host-staged change
+    (``staged``, :mod:`nereus.transition.staged`): some model-stages' state parked in host
+    memory around the DAG of the others. No DAG at all (``restart_reason``): gather-and-reload
+    in process, or (``checkpoint``) a checkpoint/restart (:mod:`nereus.transition.fallbacks`)."""
 
     cost_s: float
     batched: BatchedDag | None = None
     reference: TransitionDag | None = None
     restart_reason: str = ""  # no DAG: the runtime gathers and reloads the state (cost_s: that)
+    staged: StagedTransition | None = None
+    checkpoint: bool = False  # no DAG and no gather-and-reload: checkpoint/restart
 
     @staticmethod
     def restart(cost_s: float, reason: str) -> PlannedTransition:
-        """No DAG exists (``reason``): the change runs as an in-process checkpoint/restart,
+        """No DAG exists (``reason``): the change runs as an in-process gather-and-reload,
         estimated at ``cost_s``."""
         return PlannedTransition(cost_s, restart_reason=reason or "no transition DAG")
 
+    @staticmethod
+    def checkpoint_restart(cost_s: float, reason: str) -> PlannedTransition:
+        """Neither a DAG nor gather-and-reload can run (``reason``): checkpoint and restart."""
+        return PlannedTransition(cost_s, restart_reason=reason or "no transition DAG",
+                                 checkpoint=True)
+
     @property
     def executor(self) -> str:
-        """``"dag"`` (the DAG's primitives run on the ranks) or ``"gather-reload"``."""
-        return "gather-reload" if self.restart_reason else "dag"
+        """One of :data:`EXECUTORS`: ``"dag"`` (the DAG's primitives run on the ranks),
+        ``"staged"`` (host-staged: :mod:`nereus.transition.staged`), ``"gather-reload"`` or
+        ``"restart"`` (checkpoint/restart)."""
+        if self.staged is not None:
+            return "staged"
+        if self.restart_reason:
+            return "restart" if self.checkpoint else "gather-reload"
+        return "dag"
 
     @property
     def path(self) -> str:
@@ -69,7 +92,10 @@ class PlannedTransition:
 
     @cached_property
     def dag(self) -> TransitionDag:
-        """The per-primitive DAG (TransitionError for a restart: there is none)."""
+        """The per-primitive DAG (a staged change: that of the model-stages not staged;
+        TransitionError for a restart: there is none)."""
+        if self.staged is not None:
+            return self.staged.rest.dag
         if self.batched is not None:
             return expand(self.batched)
         if self.reference is None:
