@@ -110,4 +110,5 @@ class SearchPort:
         if current == target:
             units = emus_of_plan(current, stage_states(self.setup))
             return PlannedTransition(0.0, reference=TransitionDag(units, units, (), (), ()))
-        return plan_change(self.setup, current, target, self.pool, self.calib)
+        return plan_change(self.setup, current, target, self.pool, self.calib,
+                           staging=self.setup.job.controller.host_staging)

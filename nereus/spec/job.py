@@ -23,6 +23,7 @@ class ControllerSpec:
     # cheaper transition wins (the cost model's error: MAPE 5% on out-of-sample plans)
     model_error: float = 0.05
     targets: int = 4  # candidate targets a replan plans transitions for (S* and cheaper ones)
+    host_staging: bool = True  # stage model-stages through host memory where no DAG order fits
 
 
 PIPELINE_SPLITS = ("even", "uneven")

@@ -38,3 +38,34 @@ TARGET = ExecutionPlan((GEN, StagePlan("actor-train", 2, 2, 2, 1, 4,
 # the same job on devices with room for every order of the plain DAG
 ROOMY = replace(SETUP, cluster=replace(SETUP.cluster, gpu=replace(SETUP.cluster.gpu,
                                                                   memory_bytes=100 * CAPACITY)))
+
+
+# Issue 32's case itself (a `nereus simulate` run of Llama-3.1-8B PPO on 32 A100-64GB, the
+# preemption trace us-east-2a, at step 18): actor-train (tp 2, pp 2) → (tp 4, pp 1) and
+# critic-train (tp 1, pp 8) → (tp 2, pp 4) in place; the plain DAG's Split of actor-train holds
+# its old and intermediate shards (84.3 GB) beside ref-inf and actor-gen on one GPU of 64 GB.
+def _ppo_8b() -> Setup:
+    from nereus.spec.hardware import A100_64GB
+    from nereus.spec.model import LLAMA_3_1_8B
+
+    models = (("actor", LLAMA_3_1_8B), ("critic", LLAMA_3_1_8B), ("reference", LLAMA_3_1_8B))
+    return Setup(JobSpec("ppo", "sync", models, global_batch=256, prompt_len=1024,
+                         gen_len=2048, reward_model=False), ClusterSpec(4, 8, A100_64GB))
+
+
+ISSUE_SETUP = _ppo_8b()
+_NODES = [tuple(range(n * 8, n * 8 + 8)) for n in range(4)]
+_SOLO = tuple((_NODES[n][k],) for k in range(4) for n in range(4))
+_SOLO_HI = tuple((_NODES[n][k],) for k in range(4, 8) for n in range(4))
+_ISSUE_COMMON = (StagePlan("actor-gen", 8, 1, 4, 64, 1, replicas=tuple(_NODES)),
+                 StagePlan("ref-inf", 1, 1, 16, 1, 16, replicas=_SOLO),
+                 StagePlan("critic-inf", 1, 1, 16, 1, 16, replicas=_SOLO_HI))
+_TRAIN_REPS = ((16, 17, 18, 19), (24, 25, 26, 27), (20, 21, 22, 23), (28, 29, 30, 31))
+ISSUE_CURRENT = ExecutionPlan((*_ISSUE_COMMON,
+                               StagePlan("actor-train", 2, 2, 4, 1, 64, replicas=_TRAIN_REPS),
+                               StagePlan("critic-train", 1, 8, 2, 1, 128,
+                                         replicas=(_NODES[0], _NODES[1]))))
+ISSUE_TARGET = ExecutionPlan((*_ISSUE_COMMON,
+                              StagePlan("actor-train", 4, 1, 4, 1, 64, replicas=_TRAIN_REPS),
+                              StagePlan("critic-train", 2, 4, 2, 1, 128,
+                                        replicas=(_NODES[0], _NODES[1]))))

@@ -106,7 +106,8 @@ class CpuPort:
         alive = self.base.pool  # L̂_tran at the transition rates this run measured
         if alive is not None and self.draining:
             alive = tuple(sorted(set(alive) | set(self.draining)))
-        return plan_change(self.base.setup, current, target, alive, self.base.calib)
+        return plan_change(self.base.setup, current, target, alive, self.base.calib,
+                           staging=self.base.setup.job.controller.host_staging)
 
 
 class RankZeroController:
