@@ -11,8 +11,11 @@ L̂_tran — and records a verdict for every one (:class:`OptionRecord`, logged 
   with the least predicted time over the horizon, step·H_x + L̂_tran, is admitted (a
   checkpoint/restart only where it is still the least: path ``restart``).
 - **Tie rule** (transition-aware search): targets whose predicted step times differ by less than
-  the model's error ε (``ControllerSpec.model_error``, relative) cannot be told apart by the
-  cost model; among the targets tied with the one chosen above, the cheapest transition wins.
+  the model's error cannot be told apart by the cost model; among the targets tied with the one
+  chosen above, the cheapest transition wins. The model's error is ε
+  (``ControllerSpec.model_error``, relative) of the predicted seconds of the model-stages in
+  which the two targets differ (:func:`tie_band_s`): two plans that share most model-stages
+  share their errors there, so only the differing part can reorder them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class PlanOption:
     plan: ExecutionPlan
     step_s: float
     transition: PlannedTransition | None
+    stage_s: tuple[tuple[str, float], ...] = ()  # predicted seconds per model-stage, if known
 
     @property
     def transition_s(self) -> float | None:
@@ -85,15 +89,29 @@ def plan_label(plan: ExecutionPlan) -> str:
     return " ".join(f"{sp.name}=({sp.dp},{sp.tp},{sp.pp})" for sp in plan.stages)
 
 
-def ties(a_s: float, b_s: float, model_error: float) -> bool:
-    """Whether two predicted step times are within the model's relative error of each other."""
-    return abs(a_s - b_s) <= model_error * min(a_s, b_s)
+def tie_band_s(a: PlanOption, b: PlanOption, model_error: float) -> float:
+    """How far apart two targets' predicted step times may be and still tie: the model's
+    relative error on the part of the step in which they differ — the predicted seconds of the
+    model-stages whose layout or batch split differs (the larger of the two), where both
+    options carry their stage times; else on the whole (shorter) step."""
+    if a.stage_s and b.stage_s:
+        ta, tb = dict(a.stage_s), dict(b.stage_s)
+        ca = {sp.name: sp.candidate for sp in a.plan.stages}
+        cb = {sp.name: sp.candidate for sp in b.plan.stages}
+        differ = [n for n in ca if ca[n] != cb.get(n)]
+        return model_error * sum(max(ta.get(n, 0.0), tb.get(n, 0.0)) for n in differ)
+    return model_error * min(a.step_s, b.step_s)
+
+
+def ties(a: PlanOption, b: PlanOption, model_error: float) -> bool:
+    """Whether two targets are within the model's error of each other (:func:`tie_band_s`)."""
+    return abs(a.step_s - b.step_s) <= tie_band_s(a, b, model_error)
 
 
 def _tie_break(chosen: int, options: Sequence[PlanOption], candidates: Sequence[int],
                model_error: float) -> int:
     """The cheapest transition among ``candidates`` tied with ``chosen`` (ties: faster)."""
-    tied = [i for i in candidates if ties(options[i].step_s, options[chosen].step_s, model_error)]
+    tied = [i for i in candidates if ties(options[i], options[chosen], model_error)]
     return min(tied, key=lambda i: (options[i].transition_s, options[i].step_s, i))
 
 

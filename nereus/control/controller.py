@@ -168,11 +168,14 @@ def controller_step(
             current_step_s=current_eval.step_s,
         )
 
+    stage_times = getattr(port, "stage_times", None)  # optional: the tie rule's finer band
     options = tuple(
         PlanOption(
             plan,
             step_s,
             None if state.plan is None else port.transition(state.plan, plan),
+            () if stage_times is None or state.plan is None
+            else tuple(sorted(stage_times(plan, obs).items())),
         )
         for plan, step_s in port.options(obs, state.plan)
     )

@@ -43,9 +43,14 @@ def plan_step_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> float:
         from nereus.plan.hetero import evaluate_plan
 
         return evaluate_plan(setup, plan, calib).step_s
+    return step_latency_s(setup.job.workflow, plan_stage_s(setup, plan, calib))
+
+
+def plan_stage_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[str, float]:
+    """Predicted seconds of every model-stage of ``plan`` (one hardware type)."""
     wf = setup.job.workflow
-    times = {sp.name: stage_latency(setup, wf.by_name(sp.name), sp.candidate, calib).total_s for sp in plan.stages}
-    return step_latency_s(wf, times)
+    return {sp.name: stage_latency(setup, wf.by_name(sp.name), sp.candidate, calib).total_s
+            for sp in plan.stages}
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,12 @@ class SearchPort:
         if peak > cap:
             return PlanEvaluation(step_s, False, f"peak {peak / 1e9:.1f} GB > capacity {cap / 1e9:.1f} GB")
         return PlanEvaluation(step_s, True)
+
+    def stage_times(self, plan: ExecutionPlan, obs: Observation) -> dict[str, float]:
+        """Predicted seconds per model-stage under ``obs`` (the tie rule's band; empty on a
+        mixed cluster, where the band falls back to the whole step)."""
+        s = setup_for(self.setup, obs)
+        return {} if s.cluster.heterogeneous else plan_stage_s(s, plan, self.calib)
 
     def search(self, obs: Observation) -> tuple[ExecutionPlan, float] | None:
         s = setup_for(self.setup, obs)

@@ -50,6 +50,9 @@ class CpuPort:
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         return self.base.evaluate(plan, obs)
 
+    def stage_times(self, plan: ExecutionPlan, obs: Observation) -> dict[str, float]:
+        return self.base.stage_times(plan, obs)
+
     def _runs_here(self, sp: StagePlan) -> bool:
         """Whether the runtime can build ``sp``'s units (its layout rules, pp > 1 included)."""
         job = self.base.setup.job
