@@ -21,8 +21,8 @@ L̂_tran — and records a verdict for every one (:class:`OptionRecord`, logged 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nereus.spec.plan import ExecutionPlan
@@ -39,6 +39,7 @@ class PlanOption:
     step_s: float
     transition: PlannedTransition | None
     stage_s: tuple[tuple[str, float], ...] = ()  # predicted seconds per model-stage, if known
+    skipped: str = ""  # why no transition was planned for it (it cannot be chosen: plan_lazily)
 
     @property
     def transition_s(self) -> float | None:
@@ -128,7 +129,9 @@ def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
     step·H + L̂_tran (tie rule: cheaper transition) is admitted; options with no executable
     transition at all only when none has one (checkpoint/restart into the fastest)."""
     h = max(horizon_steps, 1.0)
-    able = [i for i, o in enumerate(options) if o.transition is not None]
+    able = [i for i, o in enumerate(options) if o.transition is not None and not o.skipped]
+    if not able and any(o.skipped for o in options):
+        raise ValueError("every option skipped: plan_lazily plans at least one")
     if not options:
         return Admission(False, "none", "current plan infeasible and no feasible plan exists")
     if not able:
@@ -157,6 +160,8 @@ def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
     for i, o in enumerate(options):
         if i == pick:
             records.append(_record(i, o, math.inf, True, why))
+        elif o.skipped:
+            records.append(_record(i, o, math.inf, False, o.skipped))
         elif o.transition is None:
             records.append(_record(i, o, math.inf, False, "no executable transition"))
         elif i == best:
@@ -194,6 +199,8 @@ def admit_opportunistic(
         delta = current_step_s - opt.step_s
         if delta <= 0.0 or math.isclose(delta, 0.0, abs_tol=1e-12):
             verdicts.append(f"not faster than the current plan (dL = {delta:.3g} s)")
+        elif opt.skipped:
+            verdicts.append(opt.skipped)
         elif opt.transition is None:
             verdicts.append("no executable transition")
         elif not payback_ok(delta, opt.transition.cost_s, gamma, h):
@@ -246,3 +253,56 @@ def admit_opportunistic(
                                    f"{value(best):.2f} s"))
     return Admission(True, "opportunistic", why, chosen.plan, delta, cost_s, h,
                      chosen.transition, tuple(records))
+
+
+Planner = Callable[[ExecutionPlan], "PlannedTransition | None"]
+
+
+def plan_lazily(options: Sequence[PlanOption], plan: Planner, *, urgent: bool,
+                current_step_s: float, gamma: float, horizon_steps: float,
+                model_error: float) -> tuple[PlanOption, ...]:
+    """``options`` (fastest first, no transitions yet) with their transitions planned by
+    ``plan`` — but only where admission could choose them: an option whose best possible
+    outcome (opportunistic: its whole gain over the horizon, ΔL·H, as if its transition were
+    free; urgent: step·H) cannot beat an option already planned, and that is not tied with the
+    chosen one by the tie rule, is ``skipped`` with the reason. Admission on the result is the
+    same as with every transition planned (the bounds are exact); the planning time is not."""
+    h = max(horizon_steps, 1.0) if urgent else horizon_steps
+    out = list(options)
+    best: int | None = None
+    best_score = -math.inf  # opportunistic: value; urgent: −(step·H + L̂_tran)
+    later: list[int] = []
+    for i, o in enumerate(out):
+        if not urgent:
+            delta = current_step_s - o.step_s
+            if delta <= 0.0 or gamma <= 0.0:
+                continue  # never admissible: no transition needed for its verdict
+            bound = delta * h
+        else:
+            bound = -o.step_s * h
+        if best is not None and bound <= best_score and not ties(o, out[best], model_error):
+            later.append(i)
+            continue
+        tr = plan(o.plan)
+        out[i] = replace(o, transition=tr)
+        if tr is None:
+            continue
+        if urgent:
+            score = -(o.step_s * h + tr.cost_s)
+        elif payback_ok(delta, tr.cost_s, gamma, h):
+            score = delta * h - tr.cost_s
+        else:
+            continue
+        if best is None or score > best_score:
+            best, best_score = i, score
+    for i in later:
+        o = out[i]
+        assert best is not None
+        if ties(o, out[best], model_error):
+            out[i] = replace(o, transition=plan(o.plan))
+        else:
+            what = (f"its gain over the horizon, dL*H = {(current_step_s - o.step_s) * h:.2f} s"
+                    if not urgent else f"its step*H = {o.step_s * h:.2f} s")
+            out[i] = replace(o, skipped=f"not planned: {what}, cannot beat option {best} "
+                                        f"({abs(best_score):.2f} s)")
+    return tuple(out)

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from nereus.control.admission import Admission, PlanOption, admit_opportunistic, admit_urgent
+from nereus.control.admission import (
+    Admission,
+    PlanOption,
+    admit_opportunistic,
+    admit_urgent,
+    plan_lazily,
+)
 from nereus.control.horizon import SignalHorizon
 from nereus.control.signals import EFFICIENCY_PREFIX, GEN_LEN, MEMORY, POOL, Observation
 from nereus.spec.job import ControllerSpec
@@ -173,7 +179,7 @@ def controller_step(
         PlanOption(
             plan,
             step_s,
-            None if state.plan is None else port.transition(state.plan, plan),
+            None,
             () if stage_times is None or state.plan is None
             else tuple(sorted(stage_times(plan, obs).items())),
         )
@@ -183,6 +189,11 @@ def controller_step(
         (horizons[t].horizon_steps for t in triggers if t in horizons),
         default=SignalHorizon().horizon_steps,
     )
+    if state.plan is not None:  # transitions planned where admission could choose them
+        current = state.plan
+        options = plan_lazily(options, lambda p: port.transition(current, p), urgent=urgent,
+                              current_step_s=current_eval.step_s, gamma=spec.gamma,
+                              horizon_steps=horizon, model_error=spec.model_error)
     if state.plan is None:
         admission = (
             Admission(True, "initial", "initial plan", options[0].plan)

@@ -10,9 +10,10 @@ so the candidates are chosen to span the trade-off between step time and transit
    current TP/PP, for the model-stages S* would re-layout, the largest state first (the most
    bytes to reshard, the most memory its old and new layouts need together).
 
-At most ``limit`` distinct plans (``ControllerSpec.targets``), fastest first. Every candidate is
-one plan search on the same cost tables (the first search of a replan costs them, the others
-reuse them: :class:`nereus.plan.candidates.CostCache`).
+At most ``limit`` distinct plans (``ControllerSpec.targets``), fastest first; S* alone when it
+is the current plan (every other target is slower). Every candidate is one plan search on the
+same cost tables (the first search of a replan costs them, the others reuse them:
+:class:`nereus.plan.candidates.CostCache`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def candidate_targets(search: Search, setup: Setup, current: ExecutionPlan | Non
 
     best = search(None)
     add(best)
+    if best is not None and best[0] == current:
+        return out  # the current plan is the fastest: every other target is slower still
     if current is not None and limit > 1:
         keep = {sp.name: (sp.tp, sp.pp) for sp in current.stages}
         add(search(keep))

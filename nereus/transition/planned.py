@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from nereus.cost.calibration import Calibration
@@ -24,7 +24,7 @@ from nereus.emu.primitives import StateSizer, model_replicated_sizer, model_stat
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.job import Setup
+from nereus.spec.job import JobSpec, Setup
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.batched.assemble import BatchedDag, expand
 from nereus.transition.batched.blocks import DESTROY
@@ -179,6 +179,18 @@ def plan_plans(
         conflicts=conflicts, replicated=replicated), cluster, calib)
 
 
+@lru_cache(maxsize=32)
+def job_sizers(job: JobSpec) -> tuple[StateSizer, StateSizer]:
+    """(state bytes, TP-replicated bytes) per model-stage of ``job`` (one pair per job: the
+    replicated part walks every tensor of the model, and the controller plans many
+    transitions of one job)."""
+    wf = job.workflow
+    models = {ms.name: job.model(ms.role) for ms in wf.model_stages}
+    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
+    return (model_state_sizer(models, trainable, job.dtype_bytes),
+            model_replicated_sizer(models, trainable, job.dtype_bytes))
+
+
 def stage_states(setup: Setup) -> dict[str, str]:
     """Logical state per model-stage for the DAG: each model-stage's units are replicas of one
     state (actor-gen holds weights only, actor-train weights and optimizer: distinct states)."""
@@ -195,10 +207,7 @@ def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
     Raises TransitionError when no DAG exists — including when every replica of some
     model-stage was lost (its state must come from a checkpoint)."""
     wf = setup.job.workflow
-    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
-    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
-    sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
-    replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
+    sizer, replicated = job_sizers(setup.job)
     alive = None if pool is None else set(pool)
     lost = sorted(sp.name for sp in current.stages
                   if not any(alive is None or alive.issuperset(r) for r in sp.replicas))

@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from nereus.cost.calibration import Calibration
-from nereus.emu.primitives import model_replicated_sizer, model_state_sizer, shard_bytes
+from nereus.emu.primitives import shard_bytes
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.job import Setup
@@ -40,7 +40,7 @@ from nereus.spec.plan import ExecutionPlan
 from nereus.transition.cost import rates
 from nereus.transition.dag import TransitionDag
 from nereus.transition.graph import default_stage_rank
-from nereus.transition.planned import PlannedTransition, plan_plans, stage_states
+from nereus.transition.planned import PlannedTransition, job_sizers, plan_plans, stage_states
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive
 
 
@@ -106,10 +106,7 @@ def plan_staged(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
     ``target`` (module docstring), staging as few model-stages as make the rest compile;
     TransitionError when none does (or a staged copy does not fit host memory)."""
     wf = setup.job.workflow
-    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
-    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
-    sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
-    replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
+    sizer, replicated = job_sizers(setup.job)
     states = stage_states(setup)
     alive = None if pool is None else set(pool)
     src = [u for u in emus_of_plan(current, states) if alive is None or alive.issuperset(u.gpus)]
