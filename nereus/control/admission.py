@@ -135,12 +135,12 @@ def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
     if not options:
         return Admission(False, "none", "current plan infeasible and no feasible plan exists")
     if not able:
-        records = tuple(_record(i, o, math.inf, i == 0, "no executable transition; "
+        first = tuple(_record(i, o, math.inf, i == 0, "no executable transition; "
                                 "checkpoint/restart into the fastest" if i == 0 else
                                 "no executable transition; slower than option 0")
                         for i, o in enumerate(options))
         return Admission(True, "restart", "no executable transition; checkpoint/restart into "
-                         "the fastest plan", options[0].plan, options=records)
+                         "the fastest plan", options[0].plan, options=first)
 
     def total(i: int) -> float:
         o = options[i]
@@ -156,7 +156,7 @@ def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
     if pick != best:
         why += (f"; within the model's error ({model_error:.0%}) of option {best}, whose "
                 "transition costs more")
-    records = []
+    records: list[OptionRecord] = []
     for i, o in enumerate(options):
         if i == pick:
             records.append(_record(i, o, math.inf, True, why))
@@ -219,11 +219,11 @@ def admit_opportunistic(
         first = verdicts[0]
         if options[0].transition is None and current_step_s - options[0].step_s > 0:
             first = "S* has no executable transition (option 0)"
-        records = tuple(_record(i, o, current_step_s - o.step_s, False, verdicts[i])
-                        for i, o in enumerate(options))
+        rejected = tuple(_record(i, o, current_step_s - o.step_s, False, verdicts[i])
+                         for i, o in enumerate(options))
         s_star = options[0]
         return Admission(False, "opportunistic", first, None, current_step_s - s_star.step_s,
-                         s_star.transition_s or 0.0, h, options=records)
+                         s_star.transition_s or 0.0, h, options=rejected)
     best = max(able, key=lambda i: (value(i), -options[i].step_s, -i))
     pick = _tie_break(best, options, able, model_error)
     chosen = options[pick]
@@ -237,7 +237,7 @@ def admit_opportunistic(
     if pick != best:
         why += (f"; within the model's error ({model_error:.0%}) of option {best}, whose "
                 "transition costs more")
-    records = []
+    records: list[OptionRecord] = []
     for i, o in enumerate(options):
         if i == pick:
             records.append(_record(i, o, current_step_s - o.step_s, True, why))

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.staged_cases import (
     CAPACITY,
     CURRENT,
@@ -216,3 +218,40 @@ def test_candidate_targets_span_step_time_and_transition_cost() -> None:
     assert any(all((sp.tp, sp.pp) == keep[sp.name] for sp in p.stages) for p, _ in opts)
     one = replace(ISSUE_SETUP, job=replace(ISSUE_SETUP.job, controller=ControllerSpec(targets=1)))
     assert len(SearchPort(one, default_calibration(), pool=pool).options(obs, ISSUE_CURRENT)) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(1.0, 20.0), st.floats(0.0, 30.0)), min_size=1, max_size=5),
+       st.floats(1.0, 25.0), st.sampled_from([0.5, 1.0, 2.0, 7.5]),
+       st.sampled_from([0.0, 0.05]), st.booleans())
+def test_lazy_planning_admits_what_planning_every_option_admits(
+        opts: list[tuple[float, float]], current: float, horizon: float, eps: float,
+        urgent: bool) -> None:
+    from nereus.control.admission import plan_lazily
+    from nereus.spec.plan import StagePlan
+
+    def plan_of(k: int) -> ExecutionPlan:
+        return ExecutionPlan((StagePlan("actor-train", 1, 1, k + 1, 1, 1,
+                                        replicas=tuple((g,) for g in range(k + 1))),))
+
+    rows = sorted(opts)
+    plans = [plan_of(k) for k in range(len(rows))]
+    cost = {p: c for p, (_, c) in zip(plans, rows, strict=True)}
+    bare = tuple(PlanOption(p, s, None) for p, (s, _) in zip(plans, rows, strict=True))
+    eager = tuple(replace(o, transition=_t(cost[o.plan])) for o in bare)
+    calls: list[ExecutionPlan] = []
+
+    def planner(p: ExecutionPlan) -> PlannedTransition:
+        calls.append(p)
+        return _t(cost[p])
+
+    lazy = plan_lazily(bare, planner, urgent=urgent, current_step_s=current, gamma=0.5,
+                       horizon_steps=horizon, model_error=eps)
+    if urgent:
+        a, b = admit_urgent(eager, horizon, eps), admit_urgent(lazy, horizon, eps)
+    else:
+        a = admit_opportunistic(current, eager, 0.5, horizon, eps)
+        b = admit_opportunistic(current, lazy, 0.5, horizon, eps)
+    assert (a.admitted, a.target, a.path) == (b.admitted, b.target, b.path)
+    assert len(calls) == len(set(calls)) <= len(bare)
+    assert all(o.skipped.startswith("not planned") for o in lazy if o.skipped)

@@ -31,6 +31,7 @@ from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.transition import PlannedTransition
 from nereus.transition.change import plan_change
+from nereus.transition.fallbacks import gather_reload_s
 
 MAX_PIN_ROUNDS = 4
 
@@ -97,9 +98,10 @@ class CpuPort:
     def transition(self, current: ExecutionPlan, target: ExecutionPlan) -> PlannedTransition:
         """The planned change (:func:`nereus.transition.change.plan_change`: the DAG from the
         units alive on the pool, else the host-staged DAG, else the in-process gather-and-reload
-        the runtime performs — with its estimated cost and the reason; on CPU ranks a
-        checkpoint/restart also runs as that in-process gather-and-reload). Every compilation
-        is counted in ``compilations``."""
+        the runtime performs — with its estimated cost and the reason; where only a
+        checkpoint/restart could make the change, the ranks still gather and reload in process:
+        the removed ranks of this emulation keep running, so the state is read from them, and
+        the change is priced as that). Every compilation is counted in ``compilations``."""
         if current == target:
             planned = self.base.transition(current, target)
             assert planned is not None
@@ -109,8 +111,13 @@ class CpuPort:
         alive = self.base.pool  # L̂_tran at the transition rates this run measured
         if alive is not None and self.draining:
             alive = tuple(sorted(set(alive) | set(self.draining)))
-        return plan_change(self.base.setup, current, target, alive, self.base.calib,
-                           staging=self.base.setup.job.controller.host_staging)
+        planned = plan_change(self.base.setup, current, target, alive, self.base.calib,
+                              staging=self.base.setup.job.controller.host_staging)
+        if planned.executor == "restart":  # the ranks gather and reload in process instead
+            return PlannedTransition.restart(
+                gather_reload_s(self.base.setup, current, target, self.base.calib),
+                planned.restart_reason)
+        return planned
 
 
 class RankZeroController:
