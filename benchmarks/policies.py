@@ -209,7 +209,7 @@ def scenario_summary(sc: Scenario, res: dict[str, SimResult]) -> dict[str, Any]:
                       "vs_static_pct": 100 * (1 - r.mean_step_s / st),
                       "vs_dynarl_pct": 100 * (1 - r.mean_step_s / dyn)} for r in res.values()],
     }
-    if need_share and share < SHARE_TARGET_PCT or not out["not_slower_met"]:
+    if (need_share and share < SHARE_TARGET_PCT) or not out["not_slower_met"]:
         out["gap_to_oracle_s"] = gap_causes(res["nereus"], res["oracle"])
     return out
 
