@@ -58,12 +58,14 @@ class OptionRecord:
     transition_s: float | None  # L̂_tran (None: no executable transition)
     executor: str  # "dag" | "staged" | "gather-reload" | "restart" | "none"
     admitted: bool
-    reason: str
+    reason: str  # admission's verdict
+    why_executor: str = ""  # why not a cheaper way (no DAG fits memory, every replica lost …)
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "plan": self.label, "step_s": self.step_s,
                 "delta_l_s": self.delta_l_s, "transition_s": self.transition_s,
-                "executor": self.executor, "admitted": self.admitted, "reason": self.reason}
+                "executor": self.executor, "admitted": self.admitted, "reason": self.reason,
+                "why_executor": self.why_executor}
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,11 @@ def _tie_break(chosen: int, options: Sequence[PlanOption], candidates: Sequence[
 
 def _record(i: int, opt: PlanOption, delta: float, admitted: bool, reason: str) -> OptionRecord:
     tr = opt.transition
+    why = "" if tr is None else (tr.staged.reason if tr.staged is not None
+                                 else tr.restart_reason)
     return OptionRecord(i, plan_label(opt.plan), opt.step_s, delta,
                         None if tr is None else tr.cost_s,
-                        "none" if tr is None else tr.executor, admitted, reason)
+                        "none" if tr is None else tr.executor, admitted, reason, why)
 
 
 def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,

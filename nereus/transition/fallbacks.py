@@ -88,5 +88,5 @@ def fallback_transition(setup: Setup, current: ExecutionPlan, target: ExecutionP
     if not blocker:
         return PlannedTransition.restart(gather_reload_s(setup, current, target, calib),
                                          why_no_dag)
-    return PlannedTransition.checkpoint_restart(checkpoint_restart_s(setup),
-                                        f"{why_no_dag}; {blocker}")
+    why = blocker if blocker == why_no_dag else f"{why_no_dag}; {blocker}"
+    return PlannedTransition.checkpoint_restart(checkpoint_restart_s(setup), why)
