@@ -26,6 +26,7 @@ issues 5 and 32).
 Every figure is a ratio against a baseline policy of the same run.
 
     python benchmarks/policies.py [--json] [--quick] [--long-only] [--jobs 8b-a100,...]
+        [--no-sweep] [--tie-ablation]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +126,15 @@ def scenarios(jobs: list[str], quick: bool) -> list[Scenario]:
     return out
 
 
-def run(sc: Scenario, policy: str, gamma: float = 0.5) -> SimResult:
+def run(sc: Scenario, policy: str, gamma: float = 0.5, model_error: float | None = None
+        ) -> SimResult:
     truth = ShapeTruth(noise_rel=0.02, seed=0)
     cfg = SimConfig(steps=sc.steps, policy=policy, gamma=gamma, every_k=3)
-    return simulate(sc.setup(), sc.gpu_trace, sc.length_trace, cfg, truth, default_calibration())
+    setup = sc.setup()
+    if model_error is not None:  # the tie rule's ε (0: off)
+        ctl = replace(setup.job.controller, model_error=model_error)
+        setup = replace(setup, job=replace(setup.job, controller=ctl))
+    return simulate(setup, sc.gpu_trace, sc.length_trace, cfg, truth, default_calibration())
 
 
 def _reason_kind(reason: str) -> str:
@@ -255,6 +261,10 @@ def _print(rows: list[dict[str, Any]], sweep: list[dict[str, Any]], lr: dict[str
             print(f"   {p['policy']:8s} {p['mean_step_s']:8.1f} s/step  wait {p['wait_s']:7.0f} s  "
                   f"vs static {p['vs_static_pct']:+6.1f}%  transitions {ex or '-'}"
                   + (f"  rejected {rej}" if rej else ""))
+        if "tie_rule_off" in row:
+            off = row["tie_rule_off"]
+            print(f"   tie rule off (model_error 0): nereus {off['mean_step_s']:.2f} s/step, "
+                  f"{off['share_pct']:.0f}% of the oracle's gain")
         for k, v in sorted(row.get("gap_to_oracle_s", {}).items(), key=lambda kv: -abs(kv[1])):
             print(f"   gap to oracle: {v:+9.1f} s  {k}")
     if sweep:
@@ -277,6 +287,8 @@ def main() -> int:
     ap.add_argument("--long-only", action="store_true", help="only the 1,000-step run (c)")
     ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated: " + ",".join(JOBS))
     ap.add_argument("--no-sweep", action="store_true", help="skip the gamma sweep (b)")
+    ap.add_argument("--tie-ablation", action="store_true",
+                    help="also run nereus with the tie rule off (controller.model_error 0)")
     args = ap.parse_args()
     jobs = [j for j in args.jobs.split(",") if j]
     unknown = [j for j in jobs if j not in JOBS]
@@ -288,6 +300,12 @@ def main() -> int:
     for sc in [] if args.long_only else scenarios(jobs, args.quick):
         res = {p: run(sc, p) for p in POLICIES}
         rows.append(scenario_summary(sc, res))
+        if args.tie_ablation:
+            off = run(sc, "nereus", model_error=0.0).mean_step_s
+            st, orc = res["static"].mean_step_s, res["oracle"].mean_step_s
+            rows[-1]["tie_rule_off"] = {
+                "mean_step_s": off, "share_pct": 100 * (st - off) / (st - orc)
+                if st > orc else float("nan")}
         if not args.json:
             _print(rows[-1:], [], {})
         if sc.job == "8b-h200" and sc.lengths == "paper-25" and not args.no_sweep:

@@ -56,7 +56,7 @@ class OptionRecord:
     step_s: float
     delta_l_s: float  # current step time − this target's (inf when the current plan cannot run)
     transition_s: float | None  # L̂_tran (None: no executable transition)
-    executor: str  # "dag" | "staged" | "gather-reload" | "restart" | "none"
+    executor: str  # "dag" | "staged" | "gather-reload" | "restart" | "none" | "not planned"
     admitted: bool
     reason: str  # admission's verdict
     why_executor: str = ""  # why not a cheaper way (no DAG fits memory, every replica lost …)
@@ -122,9 +122,9 @@ def _record(i: int, opt: PlanOption, delta: float, admitted: bool, reason: str) 
     tr = opt.transition
     why = "" if tr is None else (tr.staged.reason if tr.staged is not None
                                  else tr.restart_reason)
+    how = "not planned" if opt.skipped else "none" if tr is None else tr.executor
     return OptionRecord(i, plan_label(opt.plan), opt.step_s, delta,
-                        None if tr is None else tr.cost_s,
-                        "none" if tr is None else tr.executor, admitted, reason, why)
+                        None if tr is None else tr.cost_s, how, admitted, reason, why)
 
 
 def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
