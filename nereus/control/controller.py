@@ -185,6 +185,12 @@ def controller_step(
         )
         for plan, step_s in port.options(obs, state.plan)
     )
+    if urgent and state.plan is not None:
+        # The current plan cannot go on (a device refused an allocation, or the model finds it
+        # over capacity): it is no target, even where the search, whose memory model did not
+        # foresee the refusal, offers it — unless nothing else is on offer.
+        others = tuple(o for o in options if o.plan != state.plan)
+        options = others or options
     horizon = min(
         (horizons[t].horizon_steps for t in triggers if t in horizons),
         default=SignalHorizon().horizon_steps,

@@ -255,3 +255,22 @@ def test_lazy_planning_admits_what_planning_every_option_admits(
     assert (a.admitted, a.target, a.path) == (b.admitted, b.target, b.path)
     assert len(calls) == len(set(calls)) <= len(bare)
     assert all(o.skipped.startswith("not planned") for o in lazy if o.skipped)
+
+
+def test_urgent_after_a_refused_allocation_never_keeps_the_current_plan() -> None:
+    # The memory model still finds the current plan feasible and the search offers it (cheapest
+    # over the horizon: no transition); a device refused an allocation, so it cannot go on.
+    spec = ControllerSpec()
+    port = PlanPort(SETUP, {CURRENT: 10.0})
+    st, _ = controller_step(ControllerState(), _obs(0, 100.0), spec, port)
+    port.latency[TARGET] = 10.5
+    oom = replace(_obs(1, 100.0), memory_violation=True)
+    _, d = controller_step(st, oom, spec, port)
+    adm = d.admission
+    assert d.urgent and adm is not None and adm.admitted and adm.target == TARGET
+    assert [o.step_s for o in adm.options] == [10.5]  # the current plan is no option
+    # with nothing else on offer the current plan is still the answer (as before)
+    port2 = PlanPort(SETUP, {CURRENT: 10.0})
+    st2, _ = controller_step(ControllerState(), _obs(0, 100.0), spec, port2)
+    _, d2 = controller_step(st2, oom, spec, port2)
+    assert d2.admission is not None and d2.admission.target == CURRENT
