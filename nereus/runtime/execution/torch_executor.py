@@ -44,7 +44,7 @@ from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.execution.device import RankDevice
 from nereus.runtime.execution.groups import TransitionGroup, transfer_group, unit_groups
 from nereus.runtime.execution.pack import PairMessages, box_is_contiguous, pair_messages
-from nereus.runtime.execution.packer import Packer, process_packer
+from nereus.runtime.execution.packer import TORCH_PACKER, Packer, process_packer
 from nereus.runtime.execution.wire import Posted, Wire, post_all_gather
 from nereus.runtime.worker.state import FIELDS, Counters, UnitState, new_unit_state
 from nereus.spec.model import ModelSpec
@@ -308,6 +308,9 @@ class TorchExecutor:
         self.split_allgather = False
         # local copies beside the transfers (None: on a GPU only; see execute_plan)
         self.overlap_local: bool | None = None
+        # transfers over the host transport whatever the ranks' devices (a reload from shards
+        # parked in host memory: :mod:`nereus.runtime.execution.host_stage`)
+        self.host_transport = False
 
     def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0,
                initialize: bool = True) -> None:
@@ -329,9 +332,11 @@ class TorchExecutor:
         members = tuple(sorted({m.src_gpu for m in pairwise} | {m.dst_gpu for m in pairwise}))
         if not members:
             return None
-        # every rank: a device communicator's creation is collective
+        # every rank: a device communicator's creation is collective (a host-staged transfer
+        # runs on the host transport on every rank alike)
         group = transfer_group(self.store, f"{self.namespace}/{self._seq}", members,
-                               self.global_rank, self.timeout_s, self.device)
+                               self.global_rank, self.timeout_s,
+                               None if self.host_transport else self.device)
         if group is not None:
             self.transports[group.label] = self.transports.get(group.label, 0) + 1
         return group
@@ -450,6 +455,28 @@ class TorchExecutor:
                 drop += op.srcs
         self._install(plan, made, drop)
         return plans
+
+    def from_host(self, plan: TransferPlan, host: object | None) -> list[UnitState | None]:
+        """Build ``plan.targets`` from its one source unit parked in host memory (``host``:
+        this rank's part of it, a :class:`nereus.runtime.execution.host_stage.HostShard`, or
+        None), over the host transport; returns this rank's new units (None where it holds
+        none) and forgets the host part."""
+        (source,) = plan.sources
+        if host is not None:
+            self.units[source] = host  # type: ignore[assignment]  # tensors(), counters, step
+        saved = (self.packer, self.overlap_local, self.host_transport)
+        # torch packs and unpacks on any device: host slices on the sender, device views on
+        # the receiver (the compiled kernels hold one message on one device)
+        self.packer, self.overlap_local, self.host_transport = TORCH_PACKER, False, True
+        try:
+            made = self._transfer(plan)
+        finally:
+            self.packer, self.overlap_local, self.host_transport = saved
+            self.units.pop(source, None)
+        for emu, st in zip(plan.targets, made, strict=True):
+            if st is not None:
+                self.units[emu] = st
+        return made
 
     def destroy(self, op: Destroy, live: Iterable[Emu]) -> None:
         """Drop ``op.unit`` — only while another replica of its state is among ``live`` (the
