@@ -19,7 +19,7 @@ from nereus.config.run import RunConfig
 from nereus.config.schema import Config
 from nereus.control.controller import Decision
 from nereus.log.writer import RunLogWriter
-from nereus.runtime.rank0.controller import decision_dict, plan_label
+from nereus.runtime.rank0.controller import plan_label
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
@@ -85,9 +85,11 @@ class RunRecorder:
 
     def decision(self, step: int, d: Decision) -> None:
         """A replan and its admission."""
-        dd = decision_dict(d)
-        self.log.log_replan(step, ",".join(d.triggers), dd, dd["transition_s"], None)
         adm = d.admission
+        options = list(adm.options) if adm is not None else []
+        # every target considered, with its transition and verdict (admission.OptionRecord)
+        self.log.log_replan(step, ",".join(d.triggers), [o.to_dict() for o in options],
+                            [o.step_s for o in options], None)
         if adm is not None:
             self.log.log_admission(
                 step, adm.admitted, "opportunistic" if adm.path == "opportunistic" else "urgent",
@@ -124,6 +126,7 @@ class RunRecorder:
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
         how = (f"DAG {len(primitives or [])} primitives" if executor == "dag"
+               else f"host-staged DAG {len(primitives or [])} primitives" if executor == "staged"
                else "ZeRO re-partition + gather+reload" if executor == "zero-repartition"
                else "gather+reload")
         self.console.print(f"  transition after step {step + 1} ({target['kind']}, "
