@@ -60,11 +60,6 @@ def parse_save_hf(raw: Any, setup: Setup, path: str = "runtime.save_hf") -> Save
     if raw is None:
         return SaveHfOptions()
     raw = f.mapping(path, raw, KEYS)
-    if "dir" not in raw:
-        raise ConfigError(f.join(path, "dir"), None, "missing: the folder exports go into")
-    folder = f.path(f.join(path, "dir"), raw["dir"])
-    if not folder:
-        raise ConfigError(f.join(path, "dir"), folder, "must be a folder path")
     every = f.non_negative_int(f.join(path, "every"), raw.get("every", 0), "MAX_STEPS")
     roles_raw = raw.get("roles", [])
     if not isinstance(roles_raw, list):
@@ -80,6 +75,12 @@ def parse_save_hf(raw: Any, setup: Setup, path: str = "runtime.save_hf") -> Save
     size = f.positive_float(f.join(path, "max_file_gb"), raw.get("max_file_gb",
                                                                  DEFAULT_MAX_FILE_GB),
                             "MAX_MEMORY_GB")
+    # the values given are checked before a missing dir: a bad value is named as such
+    if "dir" not in raw:
+        raise ConfigError(f.join(path, "dir"), None, "missing: the folder exports go into")
+    folder = f.path(f.join(path, "dir"), raw["dir"])
+    if not folder:
+        raise ConfigError(f.join(path, "dir"), folder, "must be a folder path")
     from nereus.emu.hf_layout import UnsupportedArchitecture, hf_architecture
 
     for role in roles:
