@@ -116,7 +116,7 @@ def job_fingerprints(log: RunLog) -> list[dict[str, Any]]:
     segment recorded none, or one that does not match its parts)."""
     from nereus.config.fingerprint import Fingerprint
 
-    out = []
+    out: list[dict[str, Any]] = []
     kinds, details = log.events["kind"].tolist(), log.events["detail"].tolist()
     for kind, detail in zip(kinds, details, strict=True):
         if kind != "run-start":
