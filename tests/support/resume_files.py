@@ -142,7 +142,7 @@ def _truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-def _flip_in_array(path: Path) -> None:
+def flip_in_array(path: Path) -> None:
     """One byte of an array's data changed (its member then fails the CRC check)."""
     import zipfile
 
@@ -244,7 +244,7 @@ RESUME_SETUPS: dict[str, Any] = {
     "ck_directory": lambda d, log: _ck_replace(d, lambda p: p.mkdir()),
     "ck_dangling": lambda d, log: _ck_replace(d, lambda p: p.symlink_to(d / "nowhere.npz")),
     "ck_pickle": lambda d, log: _pickled(_ck(d)),
-    "ck_crc": lambda d, log: _flip_in_array(_ck(d)),
+    "ck_crc": lambda d, log: flip_in_array(_ck(d)),
     "ck_seed_7": lambda d, log: _rewrite(_ck(d), _set(fingerprint=_foreign(d, _seed_7))),
     "ck_wide_model": lambda d, log: _rewrite(_ck(d), _set(fingerprint=_foreign(d, _wide))),
     "ck_shape": lambda d, log: _rewrite(_ck(d), arrays_edit=_reshape_first),
