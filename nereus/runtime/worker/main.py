@@ -418,12 +418,19 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         step = next_step
     if rc.save_state:
         final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
-        if plane.is_root:
+        if plane.is_root:  # the file named (no ".npz" added), new, whole or not at all
+            import io
+
             import numpy as np
+
+            from nereus.log.outputs import NewFile
 
             flat = {f"{ms}/{f}/{t}": a for ms, g in final.items() for f, d in g.items()
                     for t, a in d.items() if f == "param"}
-            np.savez(rc.save_state, **flat)  # type: ignore[arg-type]
+            buf, out = io.BytesIO(), NewFile(rc.save_state, "runtime.save_state")
+            np.savez(buf, **flat)  # type: ignore[arg-type]
+            out.write(buf.getvalue())
+            out.publish()
     ft.disarm()
     ft.preempt.done()  # the run ended: a signal from now on changes nothing
     plane.agree(True)  # a rank lost up to here is a failure like any other (log still open)
