@@ -30,7 +30,8 @@ def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, 
     counters) as ``step-<k>.npz``; atomic (written aside, then renamed). Returns the path.
     ``history``: the run's record so far (JSON-able: the summary rows of the steps before
     ``step``, the transitions), which a run resumed from here continues (:func:`read_history`).
-    ``extra``: more plain data for a resume (:func:`read_meta`): the plan the state was on, the
+    ``extra``: more plain data for a resume (the metadata :mod:`nereus.runtime.failures.
+    resume_check` reads): the job fingerprint, the run log, the plan the state was on, the
     controller with its calibration (see :mod:`nereus.runtime.failures.restart`)."""
     os.makedirs(directory, exist_ok=True)
     arrays = {f"{ms}/{f}/{t}": a for ms, g in globs.items() for f, d in g.items()
@@ -100,12 +101,6 @@ def read_history(path: str) -> dict[str, Any] | None:
     with np.load(path) as z:
         history = _meta(z).get("history")
     return dict(history) if isinstance(history, dict) else None
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    """The whole JSON metadata of a checkpoint file (step, counters, history, extra)."""
-    with np.load(path) as z:
-        return _meta(z)
 
 
 def _meta(z: Any) -> dict[str, Any]:
