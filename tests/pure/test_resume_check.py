@@ -192,3 +192,33 @@ def test_the_composer_bounds_the_depth_when_the_event_pass_does_not(
     assert parse_yaml(ok)["a"] is not None
     with pytest.raises(ConfigError, match="MAX_YAML_DEPTH"):
         parse_yaml("a: " + "[" * 32 + "1" + "]" * 32 + "\n")
+
+
+# ---- the fingerprint in the log, shown by nereus report ------------------------------------
+
+def test_nereus_report_shows_each_segments_fingerprint(tmp_path: Path) -> None:
+    from support.resume_files import write_log
+
+    from nereus.log.reader import read_run_log
+    from nereus.log.summary import format_summary, summarize
+    from nereus.log.writer import RunLogWriter
+
+    base = _fp(RAW)
+    path = write_log(tmp_path / "run.h5", base)
+    with RunLogWriter.append_to(path, {"resumed": True, "fingerprint": base.to_dict()}) as w:
+        w.log_step(2, step_s=1.0)
+    s = summarize(read_run_log(path))
+    assert [f["digest"] for f in s["fingerprints"]] == [base.digest, base.digest]
+    assert "fingerprint" not in s["run_meta"]
+    text = format_summary(s)
+    assert f"job fingerprint: {base.digest} (ppo sync, seed 0, models actor micro" in text
+    assert "(every one of 2 segment(s))" in text
+    other = _fp(RAW, seed=4)
+    with RunLogWriter.append_to(path, {"resumed": True, "fingerprint": other.to_dict()}) as w:
+        w.log_step(3, step_s=1.0)
+    text = format_summary(summarize(read_run_log(path)))
+    assert "job fingerprints DIFFER across segments" in text and other.digest in text
+    plain = tmp_path / "plain.h5"  # a log nereus run did not write (simulate, older runs)
+    with RunLogWriter(plain, {"command": "test"}, {}) as w:
+        w.log_step(0, step_s=1.0)
+    assert "fingerprint" not in format_summary(summarize(read_run_log(plain)))
