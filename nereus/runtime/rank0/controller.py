@@ -4,7 +4,8 @@ Rank 0 also works as a rank (it holds units like any other rank): on CPU every r
 GPU and the controller's work (a plan search over a few hundred candidates) takes milliseconds at
 a step boundary, so reserving a rank for it would waste 1/N of the machine. The port is the
 simulator's :class:`SearchPort` with two CPU-runtime rules on top: a model-stage runs pp > 1 only
-where the runtime's layout rules allow it (:func:`nereus.emu.shards.check_layout`; e.g. tied
+where the runtime's layout rules allow it (:func:`nereus.emu.shards.check_layout`: Megatron's uneven
+split included since issue 37; tied
 embeddings run pp=1 only: plans breaking a rule are re-searched with that stage pinned to
 (tp, 1)); pipeline stages run on the CPU 1F1B schedule of :mod:`nereus.engines.pipeline`), and
 a transition with no executable DAG is costed as the in-process checkpoint/restart the runtime
