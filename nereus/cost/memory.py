@@ -287,8 +287,10 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     add; phases of a lane take turns (max); model-stages of a phase on the same GPU add.
     """
     workflow = setup.job.workflow
-    # gpu -> list of (model-stage, breakdown, shard key)
-    on_gpu: dict[int, list[tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]]] = {}
+    # gpu -> list of (model-stage, breakdown, shard key); GPUs holding the same shards (the
+    # same list) have the same peak, computed once (thousands of GPUs, a few distinct lists)
+    Entry = tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]
+    on_gpu: dict[int, list[Entry]] = {}
     for sp in plan.stages:
         try:
             ms = workflow.by_name(sp.name)
@@ -303,8 +305,13 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
                 key = (sp.tp, sp.pp, pp_rank, tp_rank)
                 on_gpu.setdefault(gpu, []).append((ms, per_rank[pp_rank], key))
     result: dict[int, int] = {}
+    seen: dict[tuple[tuple[str, tuple[int, int, int, int]], ...], int] = {}
     for gpu in sorted(on_gpu):
         entries = on_gpu[gpu]
+        sig = tuple((e[0].name, e[2]) for e in entries)
+        if sig in seen:
+            result[gpu] = seen[sig]
+            continue
         persistent = 0
         transient: dict[str, int] = {}
         for state in sorted({ms.state for ms, _, _ in entries}):
@@ -319,5 +326,5 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
             peak_transient += max(
                 (sum(transient.get(n, 0) for n in phase) for phase in lane), default=0
             )
-        result[gpu] = persistent + peak_transient
+        result[gpu] = seen[sig] = persistent + peak_transient
     return result
