@@ -45,14 +45,20 @@ def payback_ok(delta_l_s: float, transition_s: float, gamma: float, horizon_step
 
 
 def admit_urgent(options: tuple[PlanOption, ...]) -> Admission:
-    """The current plan is infeasible: take the fastest executable target, waiving profitability;
-    if no target has an executable transition, fall back to checkpoint/restart into the fastest."""
-    for opt in options:
-        if opt.transition is not None:
-            return Admission(
-                True, "urgent", "current plan infeasible; fastest executable target",
-                opt.plan, transition_s=opt.transition.cost_s, transition=opt.transition,
-            )
+    """The current plan is infeasible: take the fastest target with a transition DAG, waiving
+    profitability (DESIGN.md §2.1); only where no target has one, the fastest whose transition is
+    the in-process checkpoint/restart a port may plan instead (gather and reload: a node loss
+    with S* reshaping a model-stage, while a slightly slower target keeps its units); with no
+    transition at all, checkpoint/restart into the fastest."""
+    ranked = sorted((opt for opt in options if opt.transition is not None),
+                    key=lambda o: o.transition.executor != "dag")  # type: ignore[union-attr]
+    for opt in ranked:  # a stable sort: fastest first within each kind
+        assert opt.transition is not None
+        return Admission(
+            True, "urgent", "current plan infeasible; fastest executable target"
+            + ("" if opt.transition.executor == "dag" else " (no target has a DAG)"),
+            opt.plan, transition_s=opt.transition.cost_s, transition=opt.transition,
+        )
     if options:
         return Admission(
             True, "restart", "no executable transition; checkpoint/restart into the fastest plan",

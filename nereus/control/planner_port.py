@@ -57,6 +57,8 @@ class SearchPort:
     layouts: Mapping[str, tuple[int, ...]] | None = None
     pool: tuple[int, ...] | None = None  # GPUs alive now: units elsewhere are lost
     cache: CostCache | None = None  # per-candidate costs kept across replans (memoization only)
+    # the running plan: replicas of a model-stage keeping its (tp, pp) stay on their GPUs
+    keep: ExecutionPlan | None = None
 
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         s = setup_for(self.setup, obs)
@@ -85,13 +87,15 @@ class SearchPort:
         try:
             res = search_plan(
                 s, self.calib, pool=tuple(obs.pool), method=self.method, cache=self.cache,
-                layouts=self.layouts,
+                layouts=self.layouts, keep=self.keep,
             )
         except InfeasiblePlanError:
             return None
         return res.plan, res.predicted_step_s
 
     def options(self, obs: Observation, current: ExecutionPlan | None) -> Sequence[tuple[ExecutionPlan, float]]:
+        if current is not None and self.keep is None:  # targets placed around what runs
+            return replace(self, keep=current).options(obs, current)
         out: list[tuple[ExecutionPlan, float]] = []
         best = self.search(obs)
         if best is not None:

@@ -220,3 +220,19 @@ def test_state_round_trips_and_is_deterministic() -> None:
     b, db = run()
     assert a == b and da == db
     assert ControllerState.from_dict(a.to_dict()) == a
+
+
+def test_urgent_prefers_a_target_with_a_dag_over_a_faster_one_without() -> None:
+    """A node loss where S* reshapes a model-stage that no DAG can reach (the port plans the
+    in-process gather and reload for it) and a slightly slower target keeps the units: the
+    urgent path takes the DAG (DESIGN.md §2.1: restart is the fallback); with no DAG anywhere,
+    the fastest target's gather and reload."""
+    from nereus.control.admission import admit_urgent
+    from nereus.transition.dag import TransitionDag
+
+    dag = PlannedTransition(0.2, reference=TransitionDag((), (), (), (), ()))
+    adm = admit_urgent((PlanOption(B, 5.0, planned(60.0)), PlanOption(C, 5.1, dag)))
+    assert adm.admitted and adm.path == "urgent" and adm.target == C
+    assert adm.transition is not None and adm.transition.executor == "dag"
+    adm = admit_urgent((PlanOption(B, 5.0, planned(60.0)), PlanOption(C, 5.1, planned(50.0))))
+    assert adm.target == B and "no target has a DAG" in adm.reason

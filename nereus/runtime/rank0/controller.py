@@ -101,6 +101,8 @@ class CpuPort:
 
     def options(self, obs: Observation, current: ExecutionPlan | None
                 ) -> Sequence[tuple[ExecutionPlan, float]]:
+        if current is not None and self.base.keep is None:  # targets placed around what runs
+            return replace(self, base=replace(self.base, keep=current)).options(obs, current)
         out: list[tuple[ExecutionPlan, float]] = []
         best = self.search(obs)
         if best is not None:
