@@ -59,7 +59,7 @@ def pareto(points: list[Point]) -> list[Point]:
     return [p for p in points if front.add(p[1], p[2], p[3])]
 
 
-def _stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> Sequence[Point]:
+def stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> Sequence[Point]:
     """DP points of the frontier candidates (front indices), by latency.
 
     On whole-node pools the table's points as they are (``phase_options`` cuts by GPUs); else
@@ -291,7 +291,7 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
     wf = problem.workflow
     fronts = {s.name: s.table.front for s in problem.spaces}  # records built when picked
     cap = problem.caps
-    pts = {s.name: _stage_points(s.table, problem.levels, cap) for s in problem.spaces}
+    pts = {s.name: stage_points(s.table, problem.levels, cap) for s in problem.spaces}
     lanes = wf.lanes
     fast: dict[str, list[tuple[float, tuple[int, ...]]]]
     if len(problem.levels) == 1:

@@ -97,10 +97,10 @@ def phase_levels(stage_pts: Sequence[Sequence[Point]], cap: int) -> list[Level]:
             lo = np.where(open_ & ~fits, mid + 1, lo)
         for j in np.flatnonzero(ok_end).tolist():
             levels.append((float(grid[lo[j]]), int(pc), int(pts_c[j])))
-    return _minimal(levels)
+    return minimal_levels(levels)
 
 
-def _minimal(levels: list[Level]) -> list[Level]:
+def minimal_levels(levels: list[Level]) -> list[Level]:
     """Levels no other is at least as good in all of (latency, P cap, PT cap): by latency, each
     kept unless an earlier one has both caps as small (a staircase over P with PT falling)."""
     levels.sort()
@@ -132,7 +132,7 @@ def _states(levels_by_phase: Sequence[Sequence[Level]], capacity: int) -> list[L
                 np_, ne = ps + p2, max(ex, pt2 - p2)
                 if np_ + ne <= capacity:
                     new.append((lat + l2, np_, ne))
-        states = _minimal(new)
+        states = minimal_levels(new)
         if not states:
             return []
     return states

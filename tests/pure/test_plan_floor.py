@@ -14,7 +14,7 @@ from support.plan_cases import CALIB, llama_setup, problem_of, setups
 from nereus.errors import InfeasiblePlanError
 from nereus.plan import dp
 from nereus.plan.exhaustive import SearchLimitError
-from nereus.plan.floor import _minimal, lane_bounds
+from nereus.plan.floor import lane_bounds, minimal_levels
 from nereus.plan.problem import step_s
 from nereus.plan.search import search_plan
 from nereus.spec.hardware import A100_64GB
@@ -45,7 +45,7 @@ def test_floor_is_the_optimum_of_one_lane_and_bounds_every_point_it_uses(
         return
     except InfeasiblePlanError:
         ex = None
-    pts = {s.name: dp._stage_points(s.table, problem.levels, problem.caps)
+    pts = {s.name: dp.stage_points(s.table, problem.levels, problem.caps)
            for s in problem.spaces}
     lanes = problem.workflow.lanes
     bounds = [lane_bounds([[pts[n] for n in phase] for phase in lane], problem.caps[0],
@@ -99,7 +99,7 @@ def test_binding_co_residency_is_found_from_the_memory_floor(
     returns the MILP's plan latency."""
     setup = llama_setup(2, gen_len=2048, global_batch=256, gpu=A100_64GB)
     problem = problem_of(setup, setup.cluster.all_gpus())
-    pts = {s.name: dp._stage_points(s.table, problem.levels, problem.caps)
+    pts = {s.name: dp.stage_points(s.table, problem.levels, problem.caps)
            for s in problem.spaces}
     (lane,) = problem.workflow.lanes
     b = lane_bounds([[pts[n] for n in phase] for phase in lane], problem.caps[0],
@@ -114,7 +114,7 @@ def test_binding_co_residency_is_found_from_the_memory_floor(
 
 def test_minimal_keeps_exactly_the_undominated_levels() -> None:
     levels = [(3.0, 5, 9), (1.0, 7, 7), (2.0, 7, 8), (2.0, 6, 9), (4.0, 5, 8), (1.0, 7, 7)]
-    got = _minimal(list(levels))
+    got = minimal_levels(list(levels))
     brute = sorted({lv for lv in levels if not any(
         o != lv and o[0] <= lv[0] and o[1] <= lv[1] and o[2] <= lv[2] for o in levels)})
     assert sorted(set(got)) == brute
