@@ -15,7 +15,8 @@ the order's broadcast) and run the transition DAG into the plan for ``k`` nodes 
 (``down_s[k]``); no completed step is lost. When a node comes back, the controller replans at
 the next step boundary and admits the growth only if it pays back (DESIGN §2.1:
 ``L̂_tran / ΔL ≤ γ · H`` with H the moving average of steps between pool changes; before any
-interval is seen H = 1 step): then the transition ``up_s[k]`` (from k to k − 1 down) runs.
+interval is seen H = 1 step), trying S* and then slower targets with cheaper transitions, as
+``admit_opportunistic`` does; the admitted one's transition runs.
 
 **Checkpoint/restart** (what every peer uses): a checkpoint blocks the job ``checkpoint_s``
 every ``interval_s`` of work (Young/Daly: :func:`daly_interval_s`). At a failure the work since
@@ -104,34 +105,39 @@ def _ordered(events: Sequence[Event]) -> list[Event]:
 
 
 def survive(events: Sequence[Event], nodes: int, horizon_s: float, step_s: Sequence[float],
-            survive_s: float, down_s: Sequence[float], up_s: Sequence[float],
+            survive_s: float, down_s: Sequence[float],
+            grow: Sequence[Sequence[tuple[float, float]]],
             gamma: float = 0.5, horizon_alpha: float = 0.5) -> Outcome:
     """The survive-and-replan path (module docstring). ``down_s[k]``: the transition into the
-    plan for ``k`` nodes down from the one for ``k − 1``; ``up_s[k]``: the growth from the plan
-    for ``k`` down onto every node up (index 0 unused). A failure of a node the running plan
-    does not use (one back but not yet taken) costs nothing."""
+    plan for ``k`` nodes down (``step_s[k]``) from the one for ``k − 1``; ``grow[k]``: the
+    controller's options when nodes come back to the plan for ``k`` down, ``(step seconds,
+    transition seconds)`` fastest first — the first that pays back is admitted, as
+    ``admit_opportunistic`` tries S* and then the slower targets with cheaper transitions
+    (index 0 unused). A failure of a node the running plan does not use (one back but not yet
+    taken) costs nothing."""
     up = set(range(nodes))
     used = set(up)  # the nodes the running plan is placed on
+    cur_s = step_s[0]  # the running plan's step
     t, steps = 0.0, 0
     failures = 0
     trans = lost = degraded = 0.0
     h_steps, last_change, seen = 1.0, -1, 0  # the pool signal's horizon H (steps)
-    grow = False
+    growing = False
     evs = _ordered(events)
     i = 0
     while t < horizon_s:
         plan_down = nodes - len(used)
-        if grow and len(up) > len(used):  # the controller's pass at a step boundary
-            gain = _step_s(step_s, plan_down) - _step_s(step_s, nodes - len(up))
-            cost = up_s[plan_down]
-            if gain > 0 and cost / gain <= gamma * h_steps:
-                t += cost
-                trans += cost
-                used = set(up)
-            grow = False
+        if growing and len(up) > len(used):  # the controller's pass at a step boundary
+            for target_s, cost in grow[plan_down]:
+                gain = cur_s - target_s
+                if gain > 0 and cost / gain <= gamma * h_steps:
+                    t += cost
+                    trans += cost
+                    used, cur_s = set(up), target_s
+                    break
+            growing = False
             continue
-        s = _step_s(step_s, plan_down)
-        end = t + s
+        end = t + cur_s
         if i < len(evs) and evs[i].time_s < end:
             ev = evs[i]
             i += 1
@@ -143,7 +149,7 @@ def survive(events: Sequence[Event], nodes: int, horizon_s: float, step_s: Seque
             last_change = steps
             if ev.kind == REPAIR:
                 up.add(ev.node)
-                grow = True  # decided after the step in flight
+                growing = True  # decided after the step in flight
                 continue
             up.discard(ev.node)
             if ev.node not in used:
@@ -154,15 +160,16 @@ def survive(events: Sequence[Event], nodes: int, horizon_s: float, step_s: Seque
             if plan_down > 0:
                 degraded += at - t
             lost += at - t  # the step in flight, redone after the recovery
-            _step_s(step_s, nodes - len(used))  # a plan for that many nodes down exists
-            cost = survive_s + down_s[nodes - len(used)]
+            k = nodes - len(used)
+            cur_s = _step_s(step_s, k)  # a plan for that many nodes down exists
+            cost = survive_s + down_s[k]
             t = at + cost
             trans += cost
             continue
         if end > horizon_s:  # the step would end past the horizon: not counted
             break
         if plan_down > 0:
-            degraded += s
+            degraded += cur_s
         t = end
         steps += 1
     return Outcome(steps * step_s[0] / horizon_s, steps, 0, failures, trans, 0.0, lost, degraded)

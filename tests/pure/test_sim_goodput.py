@@ -19,10 +19,11 @@ from nereus.sim.goodput import (
 )
 
 STEP = [10.0, 12.0, 15.0]  # step seconds with 0, 1, 2 nodes down
+G1 = [[], [(10.0, 1.0)], [(12.0, 1.0)]]  # growth back: one target each, 1 s transitions
 
 
 def test_no_failures_survive_keeps_every_step_restart_pays_its_checkpoints() -> None:
-    s = survive((), 4, 1000.0, STEP, survive_s=5.0, down_s=[0, 1, 1], up_s=[0, 1, 1])
+    s = survive((), 4, 1000.0, STEP, survive_s=5.0, down_s=[0, 1, 1], grow=G1)
     assert (s.steps_kept, s.failures, s.transition_s) == (100, 0, 0.0)
     assert s.goodput == pytest.approx(1.0)
     r = restart((), 4, 1000.0, STEP, restart_s=50.0, checkpoint_s=2.0, interval_s=40.0)
@@ -34,7 +35,7 @@ def test_no_failures_survive_keeps_every_step_restart_pays_its_checkpoints() -> 
 
 def test_one_failure_survive_loses_the_step_in_flight_restart_since_its_checkpoint() -> None:
     ev = (Event(105.0, FAIL, 2),)  # 5 s into step 10 (steps end at 10, 20, ..., 100)
-    s = survive(ev, 4, 1000.0, STEP, survive_s=3.0, down_s=[0, 7.0, 9.0], up_s=[0, 1, 1])
+    s = survive(ev, 4, 1000.0, STEP, survive_s=3.0, down_s=[0, 7.0, 9.0], grow=G1)
     # lost: 5 s in flight; recovery 3 + 7 s; then 12 s steps from t = 115: 73 steps to 991
     assert (s.failures, s.steps_lost, s.lost_work_s, s.transition_s) == (1, 0, 5.0, 10.0)
     assert s.steps_kept == 10 + math.floor((1000.0 - 115.0) / 12.0)
@@ -49,20 +50,26 @@ def test_one_failure_survive_loses_the_step_in_flight_restart_since_its_checkpoi
 
 def test_growth_is_admitted_only_when_it_pays_back() -> None:
     ev = (Event(105.0, FAIL, 2), Event(300.0, REPAIR, 2))
-    never = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0], [0, 100.0, 100.0], gamma=0.0)
+    dear = [[], [(10.0, 100.0)], [(12.0, 100.0)]]
+    never = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0], dear, gamma=0.0)
     assert never.degraded_s > 1500.0  # stays on 3 nodes
     # H = steps between the two pool changes (about 17): 100 s / 2 s gain = 50 > 0.5·17
-    refused = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0], [0, 100.0, 100.0], gamma=0.5)
+    refused = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0], dear, gamma=0.5)
     assert refused.degraded_s > 1500.0
-    cheap = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0], [0, 4.0, 4.0], gamma=0.5)
+    cheap = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0], [[], [(10.0, 4.0)], []], gamma=0.5)
     assert cheap.degraded_s < 250.0 and cheap.transition_s == pytest.approx(4.0)
     assert cheap.steps_kept > refused.steps_kept
+    # S* too dear, a slower target with a cheap transition admitted instead (10.5 s steps)
+    fallback = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0],
+                       [[], [(10.0, 100.0), (10.5, 1.0)], []], gamma=0.5)
+    assert fallback.transition_s == pytest.approx(1.0)
+    assert refused.steps_kept < fallback.steps_kept < cheap.steps_kept
 
 
 def test_a_failure_of_an_idle_node_costs_nothing() -> None:
     # node 2 fails, comes back (growth refused: gamma 0), fails again while idle
     ev = (Event(105.0, FAIL, 2), Event(300.0, REPAIR, 2), Event(500.0, FAIL, 2))
-    s = survive(ev, 4, 2000.0, STEP, 1.0, [0, 0.0, 0.0], [0, 1.0, 1.0], gamma=0.0)
+    s = survive(ev, 4, 2000.0, STEP, 1.0, [0, 0.0, 0.0], G1, gamma=0.0)
     assert s.failures == 1 and s.transition_s == 1.0
 
 
