@@ -47,7 +47,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
