@@ -126,13 +126,13 @@ class Chain:
         pool = setup.cluster.all_gpus()
         state, d, cpu, wall = self._step(ControllerState(), pool, 0)
         assert state.plan is not None, d
-        s0 = plan_step_s(setup_for(setup, self._obs(pool, 0)), state.plan, self.calib)
+        s0 = plan_step_s(setup_for(setup, self.obs(pool, 0)), state.plan, self.calib)
         self.initial_cpu_s, self.initial_wall_s = cpu, wall
         self.links = [Link(0, s0, s0, 0.0, "none", 0, cpu, wall, 0, state.plan)]
         self.states = [state]
         self.up: dict[int, list[Link]] = {}
 
-    def _obs(self, pool: tuple[int, ...], step: int) -> Observation:
+    def obs(self, pool: tuple[int, ...], step: int) -> Observation:
         return Observation(step, *self.obs_len, pool)
 
     def _port(self, pool: tuple[int, ...]) -> CpuPort:
@@ -143,7 +143,7 @@ class Chain:
         if cold:  # as nereus run: its calibration changes every step, every table re-costed
             self.cache = CostCache()
         c, w = time.process_time(), time.perf_counter()
-        new, d = controller_step(state, self._obs(pool, step), self.setup.job.controller,
+        new, d = controller_step(state, self.obs(pool, step), self.setup.job.controller,
                                  self._port(pool))
         return new, d, time.process_time() - c, time.perf_counter() - w
 
@@ -167,8 +167,8 @@ class Chain:
             planned = adm.transition
             if planned is None:  # the port costs a restart when no DAG exists
                 planned = self._port(pool).transition(self.states[j - 1].plan, adm.target)
-            s = setup_for(self.setup, self._obs(pool, 2 * j))
-            best = self._port(pool).search(self._obs(pool, 2 * j))
+            s = setup_for(self.setup, self.obs(pool, 2 * j))
+            best = self._port(pool).search(self.obs(pool, 2 * j))
             assert best is not None
             order = PlanChangeOrder.of(adm.target, pool, "urgent", planned, 1)
             prefix, payload = encode(order.to_wire(), "plan")
@@ -189,7 +189,7 @@ class Chain:
             pool = self.pool(k - 1)
             port = self._port(pool)
             c, w = time.process_time(), time.perf_counter()
-            opts = port.options(self._obs(pool, 2 * k + 1), self.states[k].plan)
+            opts = port.options(self.obs(pool, 2 * k + 1), self.states[k].plan)
             planned = [port.transition(self.states[k].plan, target) for target, _ in opts]
             cpu, wall = time.process_time() - c, time.perf_counter() - w
             links = []
@@ -202,6 +202,36 @@ class Chain:
                                   len(prefix) + len(payload), target))
             self.up[k] = links
         return self.up[k]
+
+
+def replan_parts(chain: Chain) -> dict[str, float]:
+    """CPU seconds of the parts of the first failure's urgent replan, done again piece by
+    piece: every model-stage's cost table (the cold re-costing), the planner's fastest plan and
+    the plan keeping the layouts (the two options), and the DAG of each."""
+    setup, pool = chain.setup, chain.pool(1)
+    obs = chain.obs(pool, 2)
+    current = chain.states[0].plan
+    assert current is not None
+    cache = CostCache()
+    out: dict[str, float] = {}
+    c = time.process_time()
+    s = setup_for(setup, obs)
+    for ms in setup.job.workflow.model_stages:
+        cache.table(s, ms, chain.calib)
+    out["cost_tables_s"] = time.process_time() - c
+    port = CpuPort(SearchPort(setup, chain.calib, pool=pool, cache=cache, keep=current))
+    c = time.process_time()
+    best = port.search(obs)
+    out["search_fastest_s"] = time.process_time() - c
+    c = time.process_time()
+    pinned = port.search(obs, {sp.name: (sp.tp, sp.pp) for sp in current.stages})
+    out["search_keep_layouts_s"] = time.process_time() - c
+    for name, found in (("dag_fastest_s", best), ("dag_keep_layouts_s", pinned)):
+        assert found is not None
+        c = time.process_time()
+        port.transition(current, found[0])
+        out[name] = time.process_time() - c
+    return out
 
 
 def _state_bytes(setup: Setup, trainable_only: bool) -> int:
@@ -279,6 +309,7 @@ def run_scale(gpus: int, seeds: int, days: float, repair_h: float, measured: dic
                     "decision_cpu_s": lk.decision_cpu_s, "frame_bytes": lk.frame_bytes}
                    for lk in ups],
         "initial_plan_cpu_s": chain.initial_cpu_s, "initial_plan_wall_s": chain.initial_wall_s,
+        "replan_parts_cpu_s": replan_parts(chain),
         "replan_cpu_s": max(lk.decision_cpu_s for lk in links),
         "replan_wall_s": max(lk.decision_wall_s for lk in links),
         "frame_bytes": max(lk.frame_bytes for lk in links + ups),
@@ -334,6 +365,8 @@ def main() -> int:
               f"{r['survive_s']:.2f} s + L̂_tran; replan {r['replan_cpu_s']:.2f} s CPU / "
               f"{r['replan_wall_s']:.2f} s wall; frame {r['frame_bytes'] / 2**20:.2f} MiB "
               f"(bcast ≈ {1e3 * r['bcast_s']:.2f} ms); chain depth {r['chain_depth']}")
+        parts = ", ".join(f"{k[:-2]} {v:.2f}" for k, v in r["replan_parts_cpu_s"].items())
+        print(f"       replan parts (CPU s): {parts}")
     print(f"1-minute load average: {load:.1f}")
     return 0
 
