@@ -111,7 +111,12 @@ def assign(
 def _kept(keep: ExecutionPlan | None, phase: Sequence[str], choice: Mapping[str, Candidate],
           room: dict[int, list[int]], gpn: int) -> dict[str, list[tuple[int, ...]]]:
     """The running plan's replicas the phase's model-stages keep (same tp and pp, every GPU
-    free in ``room``, up to the new dp), taken out of ``room``."""
+    free in ``room``, up to the new dp), taken out of ``room``, in their old DP rank order.
+
+    Where the new dp keeps fewer than survive, the replicas dropped are those on the nodes that
+    hold the fewest of the model-stage's surviving GPUs (ties: the node that comes last in DP
+    rank order), so a shrinking model-stage frees whole nodes for the others rather than
+    half-nodes that a wider replica cannot use."""
     out: dict[str, list[tuple[int, ...]]] = {}
     if keep is None:
         return out
@@ -121,14 +126,20 @@ def _kept(keep: ExecutionPlan | None, phase: Sequence[str], choice: Mapping[str,
         c, old = choice[name], held.get(name)
         if old is None or (old.tp, old.pp) != (c.tp, c.pp):
             continue
-        got: list[tuple[int, ...]] = []
-        for rep in old.replicas:
-            if len(got) == c.dp:
-                break
-            if all(g in free for g in rep):
-                got.append(tuple(rep))
-                free.difference_update(rep)
-        out[name] = got
+        whole = [tuple(rep) for rep in old.replicas if all(g in free for g in rep)]
+        if len(whole) > c.dp:
+            count: dict[int, int] = {}
+            for rep in whole:
+                for g in rep:
+                    count[g // gpn] = count.get(g // gpn, 0) + 1
+            first = {n: i for i, n in reversed(list(enumerate(g // gpn for r in whole for g in r)))}
+            rank = {n: k for k, n in enumerate(sorted(count, key=lambda n: (-count[n], first[n])))}
+            pick = sorted(range(len(whole)),
+                          key=lambda i: (max(rank[g // gpn] for g in whole[i]), i))[: c.dp]
+            whole = [whole[i] for i in sorted(pick)]
+        for rep in whole:
+            free.difference_update(rep)
+        out[name] = whole
     for node in room:
         room[node] = [g for g in room[node] if g in free]
     return out
