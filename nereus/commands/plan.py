@@ -150,7 +150,7 @@ def _handler(args: argparse.Namespace) -> int:
     from nereus.plan.search import search_plan
 
     calib = None
-    if args.calibration:
+    if args.calibration is not None:
         from nereus.log.calibration_store import load_calibration
 
         calib = load_calibration(args.calibration)

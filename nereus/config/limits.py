@@ -31,6 +31,7 @@ MAX_MEMORY_GB = 1e6  # memory of one GPU or virtual device, in GB
 MAX_TIMEOUT_S = 30 * 86_400.0  # a wall-clock limit (30 days)
 MAX_TRACE_DAYS = 36_525.0  # a fault trace's event time (100 years)
 MAX_TICK_S = 7 * 86_400.0  # a spot trace's gap between two availability samples
+MAX_TARGETS = 16  # candidate targets a replan plans transitions for (controller.targets)
 
 
 def named(name: str, value: float) -> str:

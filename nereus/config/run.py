@@ -65,6 +65,12 @@ DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
 TRAIN_ENGINES = ("megatron", "deepspeed")
 ZERO_RUN_STAGES = (1, 2)  # the stages whose partitions the live re-partition reads
 ZERO_MODEL_STAGES = ("actor-train", "critic-train")  # what train_engine: deepspeed runs
+# DeepSpeed config keys Nereus sets itself (batch, optimizer, precision): runtime.deepspeed.config
+# may not name them (nereus.engines.deepspeed_engine writes them)
+DEEPSPEED_OWNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
+                        "gradient_accumulation_steps", "managed_gradient_accumulation",
+                        "optimizer", "scheduler", "fp16", "bf16", "amp",
+                        "zero_allow_untested_optimizer")
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,14 @@ class ZeroRunOptions:
         config = raw.get("config", {})
         if not isinstance(config, Mapping):
             raise ConfigError(f.join(path, "config"), config, "must be a mapping")
+        for key, value in config.items():
+            at = f.join(f.join(path, "config"), str(key))
+            if key in DEEPSPEED_OWNED_KEYS:
+                raise ConfigError(at, value, "set by Nereus (batch, optimizer, precision): not "
+                                  "configurable")
+            if key == "zero_optimization" and (not isinstance(value, Mapping) or "stage" in value):
+                raise ConfigError(at, value, "must be a mapping without 'stage' (use "
+                                  "runtime.deepspeed.stage)")
         return ZeroRunOptions(stage, tuple(sorted((str(k), v) for k, v in config.items())))
 
 
@@ -313,7 +327,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s),
                                    "MAX_TIMEOUT_S"),
         events=events, force_transitions=forced,
-        save_state=f.path("runtime.save_state", raw.get("save_state", "")),
+        save_state=f.optional_path("runtime", raw, "save_state"),
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
         memory_per_rank_gb=mem_gb,
         reward=_reward(raw.get("reward", "task"), setup.job.reward_model),

@@ -308,9 +308,11 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     seen: dict[tuple[tuple[str, tuple[int, int, int, int]], ...], int] = {}
     for gpu in sorted(on_gpu):
         entries = on_gpu[gpu]
-        sig = tuple((e[0].name, e[2]) for e in entries)
-        if sig in seen:
-            result[gpu] = seen[sig]
+        # GPUs holding the same positions of the same model-stages hold the same bytes
+        sig = tuple((ms.name, key) for ms, _, key in entries)
+        got = seen.get(sig)
+        if got is not None:
+            result[gpu] = got
             continue
         persistent = 0
         transient: dict[str, int] = {}

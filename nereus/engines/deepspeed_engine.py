@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nereus.config.run import DEEPSPEED_OWNED_KEYS
 from nereus.emu.shards import LocalShard, shards_at
 from nereus.emu.unit import Emu, Layout
 from nereus.emu.zero import Fragment, RankPartition
@@ -47,9 +48,7 @@ from nereus.spec.model import ModelSpec
 
 ZERO_STAGES = (1, 2, 3)
 # DeepSpeed config keys Nereus sets itself (the batch, the optimizer, the precision, the stage)
-OWNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-              "managed_gradient_accumulation", "optimizer", "scheduler", "fp16", "bf16",
-              "amp", "zero_allow_untested_optimizer")
+OWNED_KEYS = DEEPSPEED_OWNED_KEYS  # set by Nereus: refused when the config is read
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 

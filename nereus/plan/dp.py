@@ -126,23 +126,29 @@ def _fastest(pts: Sequence[Point], cap: tuple[int, ...]) -> list[tuple[float, tu
 
 
 def _relaxed_min(reduced: Sequence[list[tuple[float, tuple[int, ...]]]], cap: tuple[int, ...]) -> float:
-    """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound)."""
+    """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound).
+
+    The minimum over every combination (one option per model-stage within ``cap``) of the
+    largest latency. On one level (whole-node pools) :func:`_relaxed_min_gpus` answers it by a
+    search over the latencies; otherwise options are tried fastest first, so a branch stops at
+    the first option no faster than the best found."""
     if len(cap) == 1:
         return _relaxed_min_gpus(reduced, cap[0])
     best = float("inf")
+    if not reduced:
+        return 0.0
+    lists = [sorted(r) for r in reduced]
 
     def rec(k: int, lat: float, dem: tuple[int, ...]) -> None:
         nonlocal best
         if lat >= best:
             return
-        if k == len(reduced):
+        if k == len(lists):
             best = lat
             return
-        for l2, d2 in reduced[k]:
-            if len(cap) == 1:
-                if dem[0] + d2[0] <= cap[0]:
-                    rec(k + 1, max(lat, l2), (dem[0] + d2[0],))
-                continue
+        for l2, d2 in lists[k]:
+            if l2 >= best:
+                break  # sorted: every later option is slower still
             nd = tuple(a + b for a, b in zip(dem, d2, strict=True))
             if _fits(nd, cap):
                 rec(k + 1, max(lat, l2), nd)

@@ -83,3 +83,12 @@ class PatternTask:
     def reward(self, prompt: str, response_tokens: list[int]) -> float:
         run, matches = self.counts(prompt, response_tokens)
         return self.credit * (run + matches)
+
+
+def task_identity(seed: int) -> dict[str, object]:
+    """The identity of the prompts of the built-in task a run with ``seed`` trains on: the
+    ``data`` part of the job fingerprint (:mod:`nereus.config.fingerprint`)."""
+    from dataclasses import asdict
+
+    return {"source": "built-in pattern task", **asdict(PatternTask(seed=seed)),
+            "alphabet": ALPHABET, "vocab_size": VOCAB_SIZE}

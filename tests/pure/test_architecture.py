@@ -72,7 +72,8 @@ def test_one_family_of_primitive_records() -> None:
 
 def test_only_the_controller_ranks_port_plans_transitions_in_the_runtime() -> None:
     planners = {"plan_transition", "plan_plans", "plan_units", "compile_transition",
-                "compile_plans", "batched_plans", "batched_units"}
+                "compile_plans", "batched_plans", "batched_units", "plan_change",
+                "plan_staged", "fallback_transition"}
     found = []
     for path in _modules("nereus/runtime", "nereus/engines", "nereus/rl", "nereus/log"):
         for module, names, line in _imports(path):

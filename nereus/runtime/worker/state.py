@@ -19,10 +19,9 @@ from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.rl.sample_order import replica_slice
 from nereus.runtime.execution.device import RankDevice
+from nereus.runtime.failures.checkpoint import FIELDS
 from nereus.runtime.worker.precision import MixedPrecisionAdam
 from nereus.spec.model import ModelSpec
-
-FIELDS = ("param", "exp_avg", "exp_avg_sq")
 
 
 @dataclass
