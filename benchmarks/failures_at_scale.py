@@ -27,9 +27,9 @@ detection and recovery on CPU ranks; the rebuild at scale at least the communica
 creates × the preset's communicator set-up) + decision (the largest CPU time of the chain's
 decisions: rank 0 has a core of its own on a cluster; wall times on this shared machine are
 reported beside) + broadcast + L̂_tran, and the step in flight redone. A node that comes back is
-taken when the controller's opportunistic admission pays it back: S* first, then the slower
-target keeping the layouts (each with its planned transition), against the horizon H the run
-has learned. **Restart** per failure: detection + start-up (measured, CPU ranks: a lower bound
+taken when the controller's opportunistic admission pays it back: of its candidate targets
+(S* and the slower ones with cheaper transitions, ``nereus.control.options``, each with its
+planned transition) the best payback value against the horizon H the run has learned. **Restart** per failure: detection + start-up (measured, CPU ranks: a lower bound
 of a 16k-GPU job's) + reading every model-stage's state at the storage bandwidth (Llama 3's
 Tectonic: 2 TB/s sustained at 16,384 GPUs, scaled by the job's share of them) + the same
 communicators; the work since the last checkpoint and the step in flight lost; a checkpoint
@@ -181,9 +181,9 @@ class Chain:
         return self.links[k]
 
     def grow(self, k: int) -> list[Link]:
-        """From the plan for k nodes down, the k-th node back: the controller's options (S*,
-        then the slower target keeping the layouts) with their planned transitions; which one
-        pays back is the simulator's to decide (it needs the horizon)."""
+        """From the plan for k nodes down, the k-th node back: the controller's candidate
+        targets (S* and slower ones with cheaper transitions) with their planned transitions;
+        which one is admitted is the simulator's to decide (it needs the horizon)."""
         if k not in self.up:
             self.down(k)
             pool = self.pool(k - 1)

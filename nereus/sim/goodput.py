@@ -15,8 +15,9 @@ the order's broadcast) and run the transition DAG into the plan for ``k`` nodes 
 (``down_s[k]``); no completed step is lost. When a node comes back, the controller replans at
 the next step boundary and admits the growth only if it pays back (DESIGN §2.1:
 ``L̂_tran / ΔL ≤ γ · H`` with H the moving average of steps between pool changes; before any
-interval is seen H = 1 step), trying S* and then slower targets with cheaper transitions, as
-``admit_opportunistic`` does; the admitted one's transition runs.
+interval is seen H = 1 step); of the targets that pay back, the one with the best payback value
+ΔL·H − L̂_tran is admitted, as ``admit_opportunistic`` does (its tie rule left out: the
+targets' stage times are not passed here); the admitted one's transition runs.
 
 **Checkpoint/restart** (what every peer uses): a checkpoint blocks the job ``checkpoint_s``
 every ``interval_s`` of work (Young/Daly: :func:`daly_interval_s`). At a failure the work since
@@ -111,9 +112,9 @@ def survive(events: Sequence[Event], nodes: int, horizon_s: float, step_s: Seque
     """The survive-and-replan path (module docstring). ``down_s[k]``: the transition into the
     plan for ``k`` nodes down (``step_s[k]``) from the one for ``k − 1``; ``grow[k]``: the
     controller's options when nodes come back to the plan for ``k`` down, ``(step seconds,
-    transition seconds)`` fastest first — the first that pays back is admitted, as
-    ``admit_opportunistic`` tries S* and then the slower targets with cheaper transitions
-    (index 0 unused). A failure of a node the running plan does not use (one back but not yet
+    transition seconds)`` fastest first — of those that pay back, the best payback value is
+    admitted (ties: the faster), as ``admit_opportunistic`` ranks S* and the slower targets
+    with cheaper transitions (index 0 unused). A failure of a node the running plan does not use (one back but not yet
     taken) costs nothing."""
     up = set(range(nodes))
     used = set(up)  # the nodes the running plan is placed on
@@ -128,13 +129,14 @@ def survive(events: Sequence[Event], nodes: int, horizon_s: float, step_s: Seque
     while t < horizon_s:
         plan_down = nodes - len(used)
         if growing and len(up) > len(used):  # the controller's pass at a step boundary
-            for target_s, cost in grow[plan_down]:
-                gain = cur_s - target_s
-                if gain > 0 and cost / gain <= gamma * h_steps:
-                    t += cost
-                    trans += cost
-                    used, cur_s = set(up), target_s
-                    break
+            able = [((cur_s - target_s) * h_steps - cost, -target_s, target_s, cost)
+                    for target_s, cost in grow[plan_down]
+                    if cur_s - target_s > 0 and cost / (cur_s - target_s) <= gamma * h_steps]
+            if able:
+                _, _, target_s, cost = max(able)
+                t += cost
+                trans += cost
+                used, cur_s = set(up), target_s
             growing = False
             continue
         end = t + cur_s

@@ -64,6 +64,12 @@ def test_growth_is_admitted_only_when_it_pays_back() -> None:
                        [[], [(10.0, 100.0), (10.5, 1.0)], []], gamma=0.5)
     assert fallback.transition_s == pytest.approx(1.0)
     assert refused.steps_kept < fallback.steps_kept < cheap.steps_kept
+    # both pay back (S*: 10 s / 2 s gain = 5 steps ≤ 0.5·H): the best payback value ΔL·H −
+    # L̂_tran wins, as admit_opportunistic ranks them — here the slower target's, 1.8·H − 1 >
+    # 2·H − 10 for H < 45 — not the first that pays back
+    best = survive(ev, 4, 2000.0, STEP, 0.0, [0, 0.0, 0.0],
+                   [[], [(10.0, 10.0), (10.2, 1.0)], []], gamma=0.5)
+    assert best.transition_s == pytest.approx(1.0)
 
 
 def test_a_failure_of_an_idle_node_costs_nothing() -> None:
