@@ -56,7 +56,7 @@ from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
+from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
@@ -250,8 +250,9 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
 def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | None = None,
                   steps: int | None = None, host_cores: int = 0) -> tuple[RunConfig, Setup]:
     """Check the ``runtime:`` section (CLI values override it); returns it and the setup on the
-    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node), with
-    the runtime's plan space (``RUNTIME_PLAN_SPACE``: pp divides the layers, dp the batch).
+    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node) and
+    the job's own plan space (``job.space``: what ``nereus plan`` searches, uneven DP and
+    Megatron's uneven pipelines included — :func:`runtime_setup`).
     ``host_cores``: the cores the ranks share, when they are CPU ranks on one host (the caller
     counts them; 0: unknown)."""
     raw = f.mapping("runtime", raw or {}, KEYS)
@@ -283,11 +284,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                               mem_gb * 1e9))) for g in cluster.groups))
     if cluster.gpu.vendor == "cpu" and host_cores > 0:
         cluster = replace(cluster, host_cores=host_cores, hosts=1)
-    # The runtime executes pipelines of equal stages and DP degrees that divide the batch (its
-    # Megatron stage models and even batch split): its planner searches that space only; its
-    # engines pad each step's batch to its longest response (static batches).
-    setup = replace(setup, cluster=cluster, job=replace(setup.job, space=RUNTIME_PLAN_SPACE,
-                                                        static_batches=True))
+    setup = runtime_setup(replace(setup, cluster=cluster))
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps),
                              "MAX_STEPS")
@@ -357,6 +354,16 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
     )
     _check_zero(rc, raw, setup)
     return rc, setup
+
+
+def runtime_setup(setup: Setup) -> Setup:
+    """The setup ``nereus run``'s controller plans with: the job's plan space unchanged (the
+    runtime executes uneven DP — replicas of ⌈n/dp⌉ or ⌊n/dp⌋ sequences — and Megatron's uneven
+    pipelines, issue 37), costed with static batches (its engines pad each step's batch to its
+    longest response). What the runtime cannot build is left out per model-stage by the
+    controller's port, each with its reason (:class:`nereus.runtime.rank0.controller.CpuPort`:
+    tied embeddings with pp > 1; the DeepSpeed engine's tp = pp = 1)."""
+    return replace(setup, job=replace(setup.job, static_batches=True))
 
 
 def _labelled_cluster(cl: ClusterSpec, where: str, n: int) -> ClusterSpec:

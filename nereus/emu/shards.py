@@ -15,9 +15,9 @@ metadata (checked against real Megatron models in ``tests/ranks/test_emu_shards_
 - vocab-parallel (``word_embeddings``): axis 0 in tp chunks;
 - replicated over tp: norms, position embeddings;
 - pipeline: stage s holds layers [s·L/pp, (s+1)·L/pp); embeddings on the first stage, final norm
-  and output layer on the last. Where ``pp`` does not divide the layers (the planner's uneven
-  space, not the runtime's: ``check_layout`` keeps the runtime rule) the stages hold Megatron's
-  uneven split, ``nereus.spec.model.stage_layer_counts``, in order.
+  and output layer on the last. Where ``pp`` does not divide the layers (the uneven pipeline of
+  the plan space, built by ``nereus.engines.megatron_model``) the stages hold Megatron's uneven
+  split, ``nereus.spec.model.stage_layer_counts``, in order.
 """
 
 from __future__ import annotations
@@ -116,14 +116,14 @@ def tensor_specs(spec: ModelSpec) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
-def check_layout(spec: ModelSpec, layout: Layout, uneven_pipeline: bool = False) -> None:
-    """Raise ConfigError when ``spec`` cannot be laid out as ``layout`` (by default the runtime's
-    rules: ``pp`` divides the layers; ``uneven_pipeline`` allows Megatron's uneven split)."""
+def check_layout(spec: ModelSpec, layout: Layout) -> None:
+    """Raise ConfigError when ``spec`` cannot be laid out as ``layout``: the rules of the shard
+    metadata and of the runtime's Megatron units (a ``pp`` that does not divide the layers takes
+    Megatron's uneven split, ``nereus.spec.model.pipeline_split``)."""
     tp, pp = layout.tp, layout.pp
-    even = spec.num_layers % pp == 0
     rules = [
-        (even or (uneven_pipeline and pp <= spec.num_layers), "layout.pp", pp,
-         f"must divide num_layers={spec.num_layers}"),
+        (pp <= spec.num_layers, "layout.pp", pp,
+         f"must be at most num_layers={spec.num_layers} (one layer per stage at least)"),
         (spec.num_kv_heads % tp == 0, "layout.tp", tp, f"must divide num_kv_heads={spec.num_kv_heads}"),
         (spec.vocab_size % tp == 0, "layout.tp", tp, f"must divide vocab_size={spec.vocab_size}"),
         (spec.ffn_hidden_size % tp == 0, "layout.tp", tp, "must divide ffn_hidden_size"),
@@ -212,7 +212,7 @@ def local_shape_of(t: TensorSpec, tp: int) -> tuple[int, ...]:
 
 def shards_at(spec: ModelSpec, layout: Layout, pp_rank: int, tp_rank: int) -> tuple[LocalShard, ...]:
     """Every local shard held by position (pp_rank, tp_rank) of a unit with ``layout``."""
-    check_layout(spec, layout, uneven_pipeline=True)
+    check_layout(spec, layout)
     out: list[LocalShard] = []
     for t in tensor_specs(spec):
         if stage_of(t, spec, layout.pp) != pp_rank:

@@ -36,7 +36,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from nereus.spec.model import ModelSpec
+from nereus.spec.model import ModelSpec, pipeline_split
 
 
 class SdpaAttention(MegatronModule):
@@ -97,7 +97,15 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int, initialize: bool = Tru
     on the CPU) unless ``on_device`` (weights allocated on the current CUDA device), parameters
     and pipeline activations in ``dtype``.
 
-    ``initialize=False`` leaves weights uninitialised (for units about to be filled)."""
+    ``initialize=False`` leaves weights uninitialised (for units about to be filled). A ``pp``
+    that does not divide the layers builds Megatron's uneven split
+    (``num_layers_in_first/last_pipeline_stage`` from :func:`nereus.spec.model.pipeline_split`,
+    the middle stages even), as the shard rules (``nereus.emu.shards``) lay it out."""
+    uneven: dict[str, Any] = {}
+    if pp > 1 and spec.num_layers % pp:
+        first, _, last = pipeline_split(spec.num_layers, pp)
+        uneven = {"num_layers_in_first_pipeline_stage": first,
+                  "num_layers_in_last_pipeline_stage": last}
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -127,6 +135,7 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int, initialize: bool = Tru
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
+        **uneven,
     )
 
 
