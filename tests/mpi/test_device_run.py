@@ -74,9 +74,12 @@ def test_out_of_memory_becomes_an_urgent_replan_and_the_step_is_redone(tmp_path:
     assert ooms[0]["model_stage"] == "actor-gen" and ooms[0]["global_rank"] == 0
     assert ooms[0]["peak_bytes"] > ooms[0]["capacity_bytes"]
     assert [(s, d["step"]) for s, k, d in events if k == "step-redone"] == [(1, 1)]
-    replans = run.tables["replans"]
-    urgent = [c for c in replans["candidates"] if "memory" in c["triggers"]]
-    assert len(urgent) == 1 and urgent[0]["urgent"] and urgent[0]["step"] == 2
+    replans, adm = run.tables["replans"], run.tables["admissions"]
+    memory = [int(k) for k, t in zip(replans["step"], replans["trigger"], strict=True)
+              if "memory" in str(t).split(",")]
+    assert memory == [1], memory  # one replan on memory, at the redone step's boundary
+    paths = {int(k): str(p) for k, p in zip(adm["step"], adm["path"], strict=True)}
+    assert paths[1] == "urgent", paths
     devices = [d for _, k, d in events if k == "devices"]
     assert devices and devices[0]["rank0"]["kind"] == "cpu"
     assert devices[0]["default_backend"] == "gloo" and devices[0]["pack"] == "torch"
