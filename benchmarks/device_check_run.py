@@ -128,6 +128,9 @@ def _read(log: Path) -> dict[str, Any]:
     mem = r.tables.get("gpu_memory", {})
     tr = r.tables.get("transitions", {})
     reps = r.tables.get("replans", {})
+    adm = r.tables.get("admissions", {})
+    urgent_at = {int(k): str(p) == "urgent"
+                 for k, p in zip(adm.get("step", []), adm.get("path", []), strict=True)}
     return {
         "closed": bool(r.closed), "steps": [int(s) for s in r.steps["step"]],
         "rewards": [round(float(x), 4) for x in r.steps["reward"]],
@@ -137,8 +140,9 @@ def _read(log: Path) -> dict[str, Any]:
         "peak_bytes_max": int(max(mem["peak_bytes"])) if len(mem.get("peak_bytes", [])) else 0,
         "ooms": [d for _, k, d in events if k == "oom"],
         "redone": [d for _, k, d in events if k == "step-redone"],
-        "urgent_memory_replans": sum(1 for c in reps.get("candidates", [])
-                                     if "memory" in c["triggers"] and c["urgent"]),
+        "urgent_memory_replans": sum(
+            1 for k, t in zip(reps.get("step", []), reps.get("trigger", []), strict=True)
+            if "memory" in str(t).split(",") and urgent_at.get(int(k), False)),
         "transitions": [{"step": int(s), "transports": d.get("transports"),
                          "kinds": sorted({p["kind"] for p in prims})}
                         for s, d, prims in zip(tr.get("step", []), tr.get("dag", []),
