@@ -67,6 +67,10 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps, host_cores=getattr(args, "host_cores", 0))
     require_vllm(rc.generation)
+    from nereus.log.sinks import check_sinks
+    from nereus.rl.inputs import load_inputs
+
+    _, setup = load_inputs(cfg, args.config, rc, setup)  # the data's prompt length planned
     ctl = RankZeroController(setup, adapt=True)
     ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
     plan, d = ctl.initial()
@@ -91,6 +95,7 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
             raise ConfigError(e.field, e.value, f"{e.rule} (or --resume continues a preempted "
                               "run in its own log)") from None
     check_space(log)
+    check_sinks(rc.outputs, resuming=bool(args.resume))
     return rc, setup, log
 
 

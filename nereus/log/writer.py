@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -177,6 +177,8 @@ class RunLogWriter:
         self._last_step = last_step
         self._closed = False
         self._lock = threading.RLock()  # flush/close from a preempted rank's watch thread
+        # called with (table, values) of every row once it is buffered (nereus.log.sinks)
+        self.observers: list[Callable[[str, Mapping[str, Any]], None]] = []
         self.log_event(-1 if last_step < 0 else last_step, "run-start", start)
         try:
             self.flush()
@@ -237,6 +239,12 @@ class RunLogWriter:
         """Validate and buffer one row; its JSON values go to the heap only if all fields pass."""
         with self._lock:
             self._row_unlocked(table, values)
+            for observe in self.observers:
+                observe(table, values)
+
+    def log_row(self, table: str, values: Mapping[str, Any]) -> None:
+        """One row of ``table`` (every column given; checked against the schema)."""
+        self._row(table, values)
 
     def _row_unlocked(self, table: str, values: Mapping[str, Any]) -> None:
         if self._closed:

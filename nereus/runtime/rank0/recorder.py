@@ -20,6 +20,7 @@ from nereus.config.schema import Config
 from nereus.control.controller import Decision
 from nereus.log.writer import RunLogWriter
 from nereus.runtime.rank0.controller import decision_dict, plan_label
+from nereus.runtime.rank0.records import record_batch
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
@@ -46,7 +47,14 @@ class RunRecorder:
                                                   "ranks": rc.ranks, "nodes": setup.cluster.nodes})
                     if append else
                     RunLogWriter(path, meta, _raw_config(cfg, rc), initial_plan=plan.to_dict()))
+        from nereus.log.sinks import open_sinks
+
+        self.sinks = open_sinks(rc.outputs, _raw_config(cfg, rc))  # TensorBoard, wandb
+        self.log.observers.append(self.sinks.row)
+        if not append:
+            self.sinks.plan(plan.to_dict(), 0)
         self.rows: list[dict[str, Any]] = []
+        self.validations: list[dict[str, Any]] = []
         self.transitions = 0
         self.transition_s = 0.0
         self.started = time.time()
@@ -55,6 +63,15 @@ class RunRecorder:
 
     def event(self, step: int, kind: str, payload: dict[str, Any]) -> None:
         self.log.log_event(step, kind, payload)
+
+    def data(self, summary: dict[str, Any]) -> None:
+        """The run's data (:meth:`nereus.rl.inputs.RunInputs.summary`): an event and a line."""
+        self.log.log_event(0, "data", summary)
+        for s in summary["sets"]:
+            self.console.print(
+                f"{s['field']}: {s['kept']} prompts of {s['rows']} ({s['dropped']} longer than "
+                f"{summary['max_prompt_len']} tokens dropped), {s['prompt_len_mean']:.1f} tokens "
+                f"on average, at most {s['prompt_len_max']}; reward {summary['reward']}")
 
     def step(self, step: int, *, step_s: float, stage_s: dict[str, float],
              peaks: dict[int, int], pool_gpus: int, r0: dict[str, Any],
@@ -65,7 +82,12 @@ class RunRecorder:
                           gen_len_p95=r0["len_p95"], pool_gpus=pool_gpus, stage_s=stage_s,
                           peak_memory_bytes=peaks, reward=r0["reward"], tokens=r0["tokens"],
                           flush=False)
-        self.rows.append({"step": step, "reward": r0["reward"], "len": r0["len_mean"],
+        record_batch(self.log, step, r0, self.setup.job.reward_model)
+        val = r0.get("val")
+        if val:
+            self.validations.append({"step": step, **{k: v for k, v in val.items()
+                                                      if k != "detail"}})
+        self.rows.append({"step": step, "reward": r0["reward"], "len": r0["len_mean"], "val": val,
                           "step_s": step_s, "plan": plan_label(plan), "losses": r0["losses"],
                           "kl": r0["kl"], "tokens": r0["tokens"]})
 
@@ -104,8 +126,11 @@ class RunRecorder:
             f"step {step + 1:>3}/{self.rc.steps}  reward {row['reward']:.3f}  "
             f"len {row['len']:5.1f}  loss {losses}  {row['step_s']:6.2f} s  "
             f"plan {row['plan']}  transitions {self.transitions}"
-            + (f"  pool {len(pool_before)}→{len(pool)}" if pool_before != pool else ""))
+            + (f"  pool {len(pool_before)}→{len(pool)}" if pool_before != pool else "")
+            + (f"  val reward {row['val']['reward']:.3f} pass@1 {row['val']['pass_at_1']:.2f}"
+               if row.get("val") else ""))
         self.log.flush()
+        self.sinks.flush()
 
     def transition(self, step: int, target: dict[str, Any], plan: ExecutionPlan,
                    measured_s: float, moved_bytes: int, lost: list[str],
@@ -121,6 +146,7 @@ class RunRecorder:
                                 primitives or [], moved_bytes,
                                 float(target.get("predicted_s", 0.0)), measured_s,
                                 plan=plan.to_dict())
+        self.sinks.flush()
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
         how = (f"DAG {len(primitives or [])} primitives" if executor == "dag"
@@ -154,6 +180,7 @@ class RunRecorder:
             "losses": [r["losses"] for r in self.rows],
             "lengths": [r["len"] for r in self.rows],
             "plans": [r["plan"] for r in self.rows],
+            "validation": self.validations,
             "mean_step_s": float(np.mean([r["step_s"] for r in self.rows])) if self.rows else 0.0,
         }
         self.console.print(
@@ -161,4 +188,5 @@ class RunRecorder:
             f"({self.transition_s:.2f} s, {summary['transition_share_pct']:.1f}% of "
             f"{total:.1f} s), {summary['tokens_per_s']:.1f} generated tokens/s")
         self.log.close()
+        self.sinks.close()
         return summary

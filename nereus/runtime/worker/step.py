@@ -25,12 +25,13 @@ from nereus.config.run import RunConfig
 from nereus.engines.backend import GenRequest
 from nereus.engines.forward import response_logp, response_values, sequence_scores
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
+from nereus.rl.inputs import RunInputs
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
-from nereus.rl.sample_order import SampleOrder, replica_slice
-from nereus.rl.task import PAD, PatternTask, encode
+from nereus.rl.sample_order import replica_slice
 from nereus.runtime.mpi.frames import allgather
 from nereus.runtime.worker.gen_engines import actor_gen_engine
 from nereus.runtime.worker.memory import MemoryAccount, resident_bytes
+from nereus.runtime.worker.rewards import batch_record, score_responses
 from nereus.runtime.worker.train import is_reporter, unit_forward_backward, unit_logits
 from nereus.runtime.worker.units import PlanUnits, allreduce_grads, zero_grads
 from nereus.spec.job import Setup
@@ -40,20 +41,19 @@ from nereus.spec.job import Setup
 class StepInputs:
     setup: Setup
     rc: RunConfig
-    task: PatternTask
-    order: SampleOrder
+    data: RunInputs  # tokenizer, prompts, sample order, reward (nereus.rl.inputs)
 
 
-def prompt_batch(inp: StepInputs, step: int) -> tuple[list[str], torch.Tensor]:
-    """The step's prompts (global order) left-padded to ``job.prompt_len`` tokens."""
-    job = inp.setup.job
-    ids = inp.order.indices(step * job.global_batch, job.global_batch)
-    texts = [inp.task.prompt(int(i)) for i in ids]
-    rows = []
-    for t in texts:
-        toks = encode(t)
-        rows.append([PAD] * (job.prompt_len - len(toks)) + toks[-job.prompt_len:])
-    return texts, torch.tensor(rows, dtype=torch.long)
+def prompt_batch(inp: StepInputs, step: int) -> tuple[np.ndarray, torch.Tensor]:
+    """The step's prompts (kept rows of data.train, global order) left-padded with the
+    tokenizer's PAD to ``job.prompt_len`` tokens (the longest prompt of the data)."""
+    job, data = inp.setup.job, inp.data
+    rows = data.order.step_indices(step, job.global_batch)
+    out = torch.full((len(rows), job.prompt_len), data.codec.pad_id, dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids = data.train.prompt_ids(int(r))
+        out[k, job.prompt_len - len(ids):] = torch.from_numpy(ids)
+    return rows, out
 
 
 def _exchange(comm: Any, contribution: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,10 +83,11 @@ def _my_replicas(units: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any,
 @dataclass(frozen=True)
 class Rollout:
     """One step's generated batch, the same on every rank (plain CPU tensors, plan-free):
-    ``tokens``/``greedy_tokens`` [n, P+T], ``logp``/``mask`` [n, T]; ``texts`` the prompts."""
+    ``tokens``/``greedy_tokens`` [n, P+T], ``logp``/``mask`` [n, T]; ``rows`` the prompts'
+    kept rows of data.train."""
 
     step: int
-    texts: list[str]
+    rows: np.ndarray
     tokens: torch.Tensor
     greedy_tokens: torch.Tensor
     logp: torch.Tensor
@@ -100,7 +101,7 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rc.max_new_tokens
-    texts, prompts = prompt_batch(inp, step)
+    rows, prompts = prompt_batch(inp, step)
     prompts = prompts.repeat_interleave(job.samples_per_prompt, dim=0)
     seq_ids = np.arange(n_seq)
     contrib: dict[str, Any] = {}
@@ -141,9 +142,9 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             greedy_tokens[lo:hi] = torch.from_numpy(gr)
     # The batch ends where its longest response ends (sampled or greedy): inference and training
     # run on that many tokens, not on max_new_tokens of padding (PAD and zero masks beyond).
-    used = (mask.sum(dim=0) > 0) | (greedy_tokens[:, p_len:] != PAD).any(dim=0)
+    used = (mask.sum(dim=0) > 0) | (greedy_tokens[:, p_len:] != inp.data.codec.pad_id).any(dim=0)
     width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
-    return Rollout(step, texts, tokens[:, :p_len + width].contiguous(),
+    return Rollout(step, rows, tokens[:, :p_len + width].contiguous(),
                    greedy_tokens[:, :p_len + width].contiguous(),
                    logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted)
 
@@ -154,7 +155,18 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     stage_s: dict[str, float] = {}
     account.begin_step(step)
     rollout = generate_rollout(inp, units, step, comm, account, stage_s)
-    return learn_step(inp, units, rollout, comm, account, stage_s)
+    return _validated(inp, units, step, comm, learn_step(inp, units, rollout, comm, account,
+                                                         stage_s))
+
+
+def _validated(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
+               res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` with the validation after step ``step`` when one is due (collective)."""
+    if res.get("redo") or not inp.rc.outputs.validates_after(step, inp.rc.steps):
+        return res
+    from nereus.runtime.worker.validation import validate
+
+    return {**res, "val": validate(inp, units, step, comm)}
 
 
 def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -181,7 +193,8 @@ def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         ahead = generate_rollout(inp, units, step + 1, comm, account, stage_s)
         if ahead.halted:  # redo the step with the same batch (no update ran)
             return _halted(account, stage_s), pending
-    res = learn_step(inp, units, pending, comm, account, stage_s)
+    res = _validated(inp, units, step, comm,
+                     learn_step(inp, units, pending, comm, account, stage_s))
     return res, (pending if res.get("redo") else ahead)
 
 
@@ -191,7 +204,7 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rollout.mask.shape[1]  # the batch's longest response
-    texts, tokens, greedy_tokens = rollout.texts, rollout.tokens, rollout.greedy_tokens
+    tokens, greedy_tokens = rollout.tokens, rollout.greedy_tokens
     logp, mask = rollout.logp, rollout.mask
 
     # -- inference ---------------------------------------------------------------------------
@@ -237,21 +250,22 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     ref_logp = full("ref-inf", (n_seq, t_new))
     values = full("critic-inf", (n_seq, t_new))
     rm_scores = full("reward-inf", (n_seq,))
-    prompt_of = [texts[i // job.samples_per_prompt] for i in range(n_seq)]
-    resp = tokens[:, p_len:]
-    scores = torch.tensor([inp.task.reward(prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
-                          dtype=torch.float64)
-    if rc.reward == "model":
-        scores = rm_scores
+    # reward.fn on the decoded responses, shared out over the ranks (a failure: every rank)
+    rule = None if rc.reward == "model" else score_responses(
+        inp.data, rollout.rows, tokens, mask, p_len, job.samples_per_prompt, comm,
+        rollout.step)
+    scores = rm_scores if rule is None else torch.tensor(rule.values, dtype=torch.float64)
     critic_free = job.algorithm != "ppo"
     if critic_free:
         greedy_scores = None
         if job.algorithm == "remax":
-            g_resp = greedy_tokens[:, p_len:]
-            greedy_scores = torch.tensor([inp.task.reward(prompt_of[i], g_resp[i].tolist())
-                                          for i in range(n_seq)], dtype=torch.float64)
             if rc.reward == "model":
-                greedy_scores = _greedy_model_scores(units, comm, greedy_tokens, mask, p_len)
+                greedy_scores = _greedy_model_scores(units, comm, greedy_tokens, mask, p_len,
+                                                     inp.data.codec.eos_ids)
+            else:
+                greedy_scores = torch.tensor(score_responses(
+                    inp.data, rollout.rows, greedy_tokens, None, p_len, job.samples_per_prompt,
+                    comm, rollout.step, "greedy-rewards").values, dtype=torch.float64)
         adv = sequence_advantages(job.algorithm, scores, job.samples_per_prompt, greedy_scores)
         n_all = float(mask.sum().clamp_min(1.0))
         batch = PpoBatch(adv.unsqueeze(1) * mask, torch.zeros_like(mask),
@@ -324,6 +338,8 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     lengths = mask.sum(dim=1).numpy()
     peak, ooms = account.take()
     return {
+        **batch_record(inp.data, rollout.rows, tokens, mask, p_len, scores, rule, rollout.step,
+                       job.global_batch, job.samples_per_prompt, rc.outputs.log_samples, comm),
         "stage_s": stage_s,
         "peak_bytes": peak,
         "oom": [e.to_dict() for e in ooms],
@@ -349,14 +365,13 @@ def _halted(account: MemoryAccount, stage_s: dict[str, float]) -> dict[str, Any]
 
 
 def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tensor,
-                         mask: torch.Tensor, p_len: int) -> torch.Tensor:
+                         mask: torch.Tensor, p_len: int, eos_ids: tuple[int, ...]
+                         ) -> torch.Tensor:
     """Reward-model scores of the greedy responses (ReMax with ``runtime.reward: model``)."""
-    from nereus.rl.task import EOS
-
     resp = greedy_tokens[:, p_len:]
     g_mask = torch.ones_like(mask)
     for i in range(resp.shape[0]):  # up to and including the first EOS
-        hits = (resp[i] == EOS).nonzero()
+        hits = torch.isin(resp[i], torch.tensor(eos_ids)).nonzero()
         if len(hits):
             g_mask[i, int(hits[0]) + 1:] = 0.0
     su = units.stages["reward-inf"]

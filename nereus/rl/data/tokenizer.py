@@ -1,0 +1,159 @@
+"""The tokenizer a job's prompts and responses go through: a Hugging Face tokenizer folder read
+with transformers (``AutoTokenizer``; a folder holding only ``tokenizer.json`` is read as a
+``PreTrainedTokenizerFast``), its chat template, EOS and PAD.
+
+EOS ids: the tokenizer's ``eos_token`` and every ``eos_token_id`` of a ``generation_config.json``
+in the same folder (a checkpoint folder has one); PAD: the tokenizer's ``pad_token``, else its
+first EOS (as verl and TRL do). A prompt is a string (encoded with the tokenizer's own special
+tokens, e.g. a BOS) or, with ``data.chat_template: true``, goes through the chat template as
+``[{"role": "user", "content": prompt}]`` (a list of messages as it is) with the generation
+prompt — the ids ``AutoTokenizer.apply_chat_template(..., add_generation_prompt=True)`` gives. A
+response is decoded from its ids up to and including its first EOS, special tokens skipped (what
+verl and OpenRLHF hand their reward functions).
+
+Where the tokenizer comes from: ``data.tokenizer``; a model's checkpoint folder is the other
+source (:func:`tokenizer_folder`, the seam for ``models.actor.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from nereus.errors import ConfigError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.jinja", "chat_template.json")
+
+
+def tokenizer_folder(data_tokenizer: str, checkpoint: str = "") -> tuple[str, str]:
+    """(folder, the field that names it): ``data.tokenizer`` when given, else the actor's
+    checkpoint folder (``models.actor.checkpoint``, when the config has one)."""
+    if data_tokenizer:
+        return data_tokenizer, "data.tokenizer"
+    if checkpoint:
+        return checkpoint, "models.actor.checkpoint"
+    raise ConfigError("data.tokenizer", None, "missing: a Hugging Face tokenizer folder "
+                      "(tokenizer.json at least)")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _generation_eos(folder: str, field: str) -> list[int]:
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            eos = json.load(fh).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(field, folder, f"generation_config.json cannot be read "
+                          f"({_first_line(e)})") from None
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConfigError(field, folder, f"generation_config.json eos_token_id={eos!r} must be "
+                          "a token id or a list of them")
+    return ids
+
+
+class TextCodec:
+    """Prompts to token ids and response ids to text, through one Hugging Face tokenizer."""
+
+    def __init__(self, tokenizer: Any, folder: str, field: str, chat_template: bool) -> None:
+        self.tokenizer = tokenizer
+        self.folder = folder
+        self.field = field
+        self.chat_template = chat_template
+        eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+        eos += [i for i in _generation_eos(folder, field) if i not in eos]
+        if not eos:
+            raise ConfigError(field, folder, "names no EOS token (tokenizer_config.json "
+                              "eos_token, or generation_config.json eos_token_id)")
+        self.eos_ids: tuple[int, ...] = tuple(eos)
+        pad = tokenizer.pad_token_id
+        self.pad_id: int = int(eos[0] if pad is None else pad)
+        self.vocab_size: int = len(tokenizer)
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("data.chat_template", True, f"the tokenizer in {folder} has no "
+                              "chat template")
+
+    def identity(self) -> str:
+        """sha256 over the tokenizer's files (their names and bytes) and the template switch."""
+        h = hashlib.sha256(f"chat_template={self.chat_template}".encode())
+        for name in TOKENIZER_FILES:
+            path = os.path.join(self.folder, name)
+            if os.path.isfile(path):
+                h.update(name.encode())
+                with open(path, "rb") as fh:
+                    h.update(hashlib.sha256(fh.read()).digest())
+        return h.hexdigest()
+
+    def messages(self, prompt: Any) -> list[dict[str, str]]:
+        """The chat of a prompt: a string as one user message, a list of messages as it is."""
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}]
+        return list(prompt)
+
+    def encode(self, prompts: Sequence[Any]) -> list[list[int]]:
+        """Token ids of each prompt (chat-templated with ``data.chat_template``)."""
+        tok = self.tokenizer
+        if self.chat_template:
+            return [list(tok.apply_chat_template(self.messages(p), add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False))
+                    for p in prompts]
+        return [list(ids) for ids in tok(list(prompts))["input_ids"]] if prompts else []
+
+    def prompt_text(self, prompt: Any) -> str:
+        """What a reward function gets as ``prompt``: the prompt string, or a list of messages
+        rendered by the chat template."""
+        if isinstance(prompt, str):
+            return prompt
+        return str(self.tokenizer.apply_chat_template(self.messages(prompt), tokenize=False,
+                                                      add_generation_prompt=True))
+
+    def response_ids(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` up to and including the first EOS."""
+        out: list[int] = []
+        for t in ids:
+            out.append(int(t))
+            if t in self.eos_ids:
+                break
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of a response's ids, special tokens (EOS, PAD) skipped."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+def load_tokenizer(folder: str, field: str, chat_template: bool) -> TextCodec:
+    """The tokenizer in ``folder`` (an absolute path; ``field`` names it in errors)."""
+    if not os.path.isdir(folder):
+        what = "no such folder" if not os.path.exists(folder) else "is not a folder"
+        raise ConfigError(field, folder, f"{what} (a Hugging Face tokenizer folder, "
+                          "tokenizer.json at least)")
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise ConfigError(field, folder, "has no tokenizer.json (a Hugging Face tokenizer "
+                          "folder; slow, sentencepiece-only tokenizers are not read)")
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ConfigError(field, folder, "needs transformers (pip install 'nereus[data]')"
+                          ) from None
+    hf_logging.set_verbosity_error()  # its warnings are not this run's one-line errors
+    try:
+        if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                                trust_remote_code=False)
+        else:
+            tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"))
+    except Exception as e:  # transformers' own errors are of many kinds
+        raise ConfigError(field, folder, f"cannot be read by transformers: {_first_line(e)}"
+                          ) from None
+    return TextCodec(tok, folder, field, chat_template)

@@ -1,0 +1,109 @@
+"""A run's inputs: the tokenizer, the prompt files and the reward, read and checked once per
+process (``nereus run`` before it starts the ranks, every rank at start-up), and the setup the
+runtime plans with — its prompt length the longest prompt the data holds (``job.prompt_len`` is
+the bound: ``data.max_prompt_len`` defaults to it and longer prompts are dropped).
+
+Every problem is one ``ConfigError`` naming the field, the value and the rule; nothing is
+written. See :mod:`nereus.config.data` for the sections and :mod:`nereus.rl.data.dataset`,
+:mod:`nereus.rl.data.tokenizer`, :mod:`nereus.rl.rewards` for what is read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nereus.config.data import DataOptions, RewardOptions, parse_data, parse_reward
+from nereus.errors import ConfigError
+from nereus.rl.data.dataset import PromptSet, read_prompts
+from nereus.rl.data.identity import data_identity
+from nereus.rl.data.paths import resolve
+from nereus.rl.data.tokenizer import TextCodec, load_tokenizer, tokenizer_folder
+from nereus.rl.rewards.scoring import ScoreItem, Scorer, probe
+from nereus.rl.sample_order import SampleOrder
+from nereus.spec.job import Setup
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    options: DataOptions
+    reward: RewardOptions
+    codec: TextCodec
+    train: PromptSet
+    val: PromptSet | None
+    scorer: Scorer
+    order: SampleOrder  # over the kept rows of train
+    identity: str  # data_identity(): what a resumed run must find unchanged
+
+    def item(self, prompts: PromptSet, index: int, response: str, where: str = "") -> ScoreItem:
+        """The reward function's arguments for kept row ``index`` of ``prompts``."""
+        row = prompts.rows[index]
+        answer = None if self.options.answer_key is None else row[self.options.answer_key]
+        label = f"{prompts.field} row {int(prompts.source[index])}" + (f" ({where})" if where
+                                                                       else "")
+        return ScoreItem(self.codec.prompt_text(row[self.options.prompt_key]), response, answer,
+                         row, label)
+
+    def summary(self) -> dict[str, Any]:
+        """The run log's ``data`` event: files, rows kept and dropped, prompt lengths."""
+        return {"identity": self.identity, "tokenizer": self.codec.folder,
+                "eos_ids": list(self.codec.eos_ids), "pad_id": self.codec.pad_id,
+                "chat_template": self.options.chat_template, "reward": self.reward.fn,
+                "on_error": self.reward.on_error, "seed": self.options.seed,
+                "max_prompt_len": self.options.max_prompt_len,
+                "sets": [p.summary() for p in (self.train, self.val) if p is not None]}
+
+
+def _check_models(codec: TextCodec, setup: Setup) -> None:
+    for role, spec in setup.job.models:
+        if spec.vocab_size < codec.vocab_size:
+            raise ConfigError(f"models.{role}.vocab_size", spec.vocab_size,
+                              f"must be at least the {codec.vocab_size} tokens of the tokenizer "
+                              f"in {codec.folder}")
+
+
+def _check_engine_tokens(codec: TextCodec) -> None:
+    """The generation engines stop at token id ``EOS`` and pad with ``PAD`` (of the pattern
+    task) until they take the tokenizer's ids (the checkpoint work wires EOS/PAD into them):
+    a tokenizer with other ids is refused rather than run with the wrong stop token."""
+    from nereus.rl.task import EOS, PAD
+
+    if codec.eos_ids != (EOS,) or codec.pad_id != PAD:
+        raise ConfigError(codec.field, codec.folder,
+                          f"EOS ids {list(codec.eos_ids)} and PAD id {codec.pad_id}: the "
+                          f"generation engines of this version stop at token {EOS} and pad "
+                          f"with {PAD} only")
+
+
+def load_inputs(cfg: Any, config_path: str, rc: Any, setup: Setup, *,
+                engine_tokens: bool = True) -> tuple[RunInputs, Setup]:
+    """The inputs of the run configured by ``cfg`` (read from ``config_path``; ``rc`` its
+    ``RunConfig``) and the setup the runtime plans with. ``engine_tokens``: refuse a tokenizer
+    whose EOS/PAD the engines cannot use yet."""
+    data_raw, reward_raw = cfg.section("data"), cfg.section("reward")
+    options = parse_data(data_raw, setup.job.prompt_len, rc.seed)
+    reward = parse_reward(reward_raw, data_raw is not None)
+    base = os.path.dirname(os.path.abspath(config_path))
+    folder, field = tokenizer_folder(resolve(options.tokenizer, base) if options.tokenizer
+                                     else "")
+    codec = load_tokenizer(folder, field, options.chat_template)
+    _check_models(codec, setup)
+    if engine_tokens:
+        _check_engine_tokens(codec)
+    train = read_prompts(resolve(options.train, base), "data.train", options, codec)
+    val = (read_prompts(resolve(options.val, base), "data.val", options, codec)
+           if options.val else None)
+    if rc.outputs.val_every and val is None:
+        raise ConfigError("runtime.val_every", rc.outputs.val_every,
+                          "needs data.val, the validation prompts")
+    from nereus.rl.rewards.loader import load_reward
+
+    scorer = Scorer(load_reward(reward, base), reward)
+    order = SampleOrder(train.size, options.seed)
+    identity = data_identity(train.sha256, "" if val is None else val.sha256, codec.identity(),
+                             options.to_dict())
+    inputs = RunInputs(options, reward, codec, train, val, scorer, order, identity)
+    probe(scorer, inputs.item(train, 0, "", "the probe before the run"))
+    measured = max(train.longest, 0 if val is None else val.longest)
+    return inputs, replace(setup, job=replace(setup.job, prompt_len=measured))
