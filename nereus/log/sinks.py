@@ -11,6 +11,7 @@ must), and only a resumed run writes into its own folder again (a new event file
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -61,12 +62,17 @@ class TensorBoardSink:
 
 
 class WandbSink:
+    """A wandb run in ``folder`` (its ``wandb/`` folder goes there); ``run_id`` keeps a resumed
+    run's scalars in the same wandb run."""
+
     def __init__(self, project: str, name: str, mode: str, config: Mapping[str, Any],
-                 folder: str) -> None:
+                 folder: str, run_id: str) -> None:
         import wandb
 
-        self.run = wandb.init(project=project, name=name or None, mode=mode,
-                              config=dict(config), dir=folder or None, resume="allow")
+        options: dict[str, Any] = {"project": project, "name": name or None, "mode": mode,
+                                   "id": run_id, "config": dict(config), "dir": folder,
+                                   "resume": "allow"}
+        self.run = wandb.init(**options)
 
     def add(self, items: Iterable[Scalar]) -> None:
         by_step: dict[int, dict[str, float]] = {}
@@ -109,14 +115,19 @@ class Sinks:
         self.sinks = []
 
 
-def open_sinks(outputs: OutputOptions, config: Mapping[str, Any]) -> Sinks:
-    """The sinks ``runtime.tensorboard`` and ``runtime.wandb`` ask for (rank 0)."""
+def open_sinks(outputs: OutputOptions, config: Mapping[str, Any], log_path: str,
+               created_unix_s: float) -> Sinks:
+    """The sinks ``runtime.tensorboard`` and ``runtime.wandb`` ask for (rank 0): the wandb run
+    beside the run log, its id derived from the log (its path and creation time)."""
     sinks: list[Any] = []
     if outputs.tensorboard:
         sinks.append(TensorBoardSink(os.path.abspath(outputs.tensorboard)))
     w = outputs.wandb
     if w is not None and w.mode != "disabled":
-        sinks.append(WandbSink(w.project, w.name, w.mode, config, outputs.tensorboard))
+        path = os.path.abspath(log_path)
+        run_id = hashlib.sha256(f"{path}|{created_unix_s!r}".encode()).hexdigest()[:16]
+        sinks.append(WandbSink(w.project, w.name, w.mode, config, os.path.dirname(path),
+                               run_id))
     return Sinks(sinks)
 
 

@@ -229,6 +229,11 @@ class RunLogWriter:
         return self
 
     @property
+    def created_unix_s(self) -> float:
+        """When the log was created (a continued log: its first segment)."""
+        return float(self._file.attrs[S.ATTR_CREATED])
+
+    @property
     def last_step(self) -> int:
         """The highest step logged so far (a continued log: its earlier segments' too)."""
         return self._last_step

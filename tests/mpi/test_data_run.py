@@ -3,8 +3,8 @@ in a file of the user's, validation and TensorBoard (mpi marker: real MPI ranks)
 
 - Every row of the prompt file is taken exactly once per epoch across a forced transition and a
   preemption → resume; the logged per-sample rewards equal the rewards recomputed from the logged
-  decoded responses; validation runs when due; the TensorBoard scalars read back equal the HDF5
-  log's (both segments' event files).
+  decoded responses; validation runs when due; the TensorBoard scalars (both segments' event
+  files) and the offline wandb run's history read back equal the HDF5 log's.
 - A reward function that raises ends a 4-rank run in one line, well within the collective
   timeout.
 - Greedy validation gives the same responses on two actor-gen plans (a frozen policy: lr 1e-12
@@ -97,9 +97,11 @@ def _tensorboard(folder: Path) -> dict[tuple[str, int], float]:
 @pytest.mark.timeout(1500)
 def test_rows_rewards_validation_and_tensorboard_through_a_transition_and_a_resume(
         tmp_path: Path) -> None:
+    pytest.importorskip("wandb")  # the dev extra installs it (runtime.wandb, offline)
     steps = 7
     cfg = _job(tmp_path, f"""{{steps: {steps}, timeout_s: 60, max_new_tokens: 24, lr: 0.005,
   val_every: 3, log_samples: {BATCH}, tensorboard: {tmp_path / 'tb'},
+  wandb: {{project: nereus-test, mode: offline}},
   force_transitions: [{{at_step: 1, layouts: {{actor-gen: [2, 1]}}}}]}}""")
     log = tmp_path / "run.h5"
     code, out = run_and_signal([str(cfg), "--log", str(log)], signal.SIGUSR1, 3)
@@ -156,6 +158,14 @@ def test_rows_rewards_validation_and_tensorboard_through_a_transition_and_a_resu
         assert tb[("reward/mean", int(step))] == float(reward)
     assert {("loss/actor-train", 0), ("kl", 0), ("val/pass@1", 2),
             ("calibration/error/actor-gen", 0), ("transition/measured_s", 1)} <= set(tb)
+    # wandb (offline): the same scalars, both segments in one run
+    from support.wandb_records import history
+
+    runs = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 2 and len({p.name for p in runs}) == 1, runs  # one id, resumed
+    logged = {(k, int(row["_step"])): v for path in runs for row in history(path)
+              for k, v in row.items() if not k.startswith("_")}
+    assert logged == want
     # a finished log converts to the same scalars
     rep = subprocess.run([sys.executable, "-m", "nereus", "report", "--tensorboard", str(log),
                           str(tmp_path / "tb2")], capture_output=True, text=True, cwd=REPO,
@@ -166,17 +176,17 @@ def test_rows_rewards_validation_and_tensorboard_through_a_transition_and_a_resu
 
 @pytest.mark.timeout(900)
 def test_a_raising_reward_function_ends_a_4_rank_run_in_one_line(tmp_path: Path) -> None:
-    timeout_s = 30
+    timeout_s = 60
     cfg = _job(tmp_path, f"{{steps: 4, timeout_s: {timeout_s}, max_new_tokens: 16}}", poison=13)
     proc = subprocess.Popen([sys.executable, "-m", "nereus", "run", str(cfg), "--log",
                              str(tmp_path / "run.h5")], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
     last = time.monotonic()
     lines = []
-    for line in proc.stderr:  # progress lines, then the error
+    for line in proc.stdout:  # progress lines (row 13 is in the third step), then the error
         lines.append(line)
-        if not line.startswith("nereus: error"):
+        if line.startswith("step "):
             last = time.monotonic()
     code = proc.wait(timeout=600)
     ended = time.monotonic()
@@ -186,7 +196,10 @@ def test_a_raising_reward_function_ends_a_4_rank_run_in_one_line(tmp_path: Path)
     line = errors[0]
     assert "RewardError: reward.fn='score.py:score' raised ValueError('poisoned row') on " \
            "data.train row 13 (step" in line, line
-    assert ended - last < timeout_s, ended - last  # no rank waited for a collective timeout
+    assert "step   2/4" in "".join(lines)
+    # the third step's scoring failed on one rank's share: every rank ended with it, none
+    # waiting for a collective's timeout (the step itself took part of this)
+    assert ended - last < timeout_s, ended - last
 
 
 @pytest.mark.slow

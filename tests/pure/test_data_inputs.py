@@ -55,7 +55,7 @@ def test_prompt_ids_equal_transformers(hf_dir: Path, template: bool) -> None:
 
     codec = load_tokenizer(str(hf_dir), "data.tokenizer", template)
     ref = AutoTokenizer.from_pretrained(str(hf_dir))
-    got = codec.encode(PROMPTS)
+    got = codec.encode_all(PROMPTS)
     for prompt, ids in zip(PROMPTS, got, strict=True):
         if template:
             want = ref.apply_chat_template([{"role": "user", "content": prompt}],
@@ -68,7 +68,7 @@ def test_prompt_ids_equal_transformers(hf_dir: Path, template: bool) -> None:
     # a list of messages goes through the template as it is
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPTS[0]}]
     if template:
-        assert codec.encode([chat])[0] == list(ref.apply_chat_template(
+        assert codec.encode(chat) == list(ref.apply_chat_template(
             chat, add_generation_prompt=True, tokenize=True, return_dict=False))
         assert codec.prompt_text(chat) == ref.apply_chat_template(
             chat, add_generation_prompt=True, tokenize=False)
@@ -78,8 +78,9 @@ def test_eos_pad_and_decoding(hf_dir: Path, tmp_path: Path) -> None:
     codec = load_tokenizer(str(hf_dir), "data.tokenizer", True)
     im_end = codec.tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = codec.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert codec.special.eos_ids == (im_end,) and codec.special.pad_id == pad
     assert codec.eos_ids == (im_end,) and codec.pad_id == pad
-    ids = codec.encode(["The answer is 72"])[0][-4:]
+    ids = codec.encode("The answer is 72")[-4:]
     resp = [*ids, im_end, *ids, pad]  # text after the first EOS is not the response
     assert codec.response_ids(resp) == [*ids, im_end]
     assert codec.decode(codec.response_ids(resp)) == codec.tokenizer.decode(ids)
@@ -339,8 +340,8 @@ def test_pattern_reward_scores_text_as_the_task_scored_tokens() -> None:
     rng = np.random.default_rng(1)
     for index in range(300):
         prompt = task.prompt(index)
-        assert codec.encode([prompt])[0] == encode(prompt)
+        assert codec.encode(prompt) == encode(prompt)
         resp = rng.integers(1, VOCAB_SIZE, size=int(rng.integers(0, 80))).tolist()  # no PAD
         text = codec.decode(codec.response_ids(resp))
         assert fn(prompt, text, task.pattern_of(prompt), {}) == task.reward(prompt, resp)
-        assert EOS not in codec.encode([text])[0]
+        assert EOS not in codec.encode(text)

@@ -179,7 +179,7 @@ def read_prompts(path: str, field: str, options: DataOptions, codec: TextCodec) 
         prompts.append(prompt)
     if not rows:
         raise ConfigError(field, path, "has no rows (an empty prompt file)")
-    encoded = codec.encode(prompts)
+    encoded = codec.encode_all(prompts)
     keep = [i for i, ids in enumerate(encoded) if len(ids) <= options.max_prompt_len]
     if not keep:
         raise ConfigError("data.max_prompt_len", options.max_prompt_len,

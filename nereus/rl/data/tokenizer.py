@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nereus.errors import ConfigError
@@ -62,8 +63,20 @@ def _generation_eos(folder: str, field: str) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The ids generation and padding use: every EOS id (a response ends at the first), the PAD
+    id (left padding of prompts, filler after EOS), the BOS id if any."""
+
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    bos_id: int | None = None
+
+
 class TextCodec:
     """Prompts to token ids and response ids to text, through one Hugging Face tokenizer."""
+
+    ids_reward = False  # rewards are computed on the decoded text
 
     def __init__(self, tokenizer: Any, folder: str, field: str, chat_template: bool) -> None:
         self.tokenizer = tokenizer
@@ -75,13 +88,22 @@ class TextCodec:
         if not eos:
             raise ConfigError(field, folder, "names no EOS token (tokenizer_config.json "
                               "eos_token, or generation_config.json eos_token_id)")
-        self.eos_ids: tuple[int, ...] = tuple(eos)
         pad = tokenizer.pad_token_id
-        self.pad_id: int = int(eos[0] if pad is None else pad)
+        bos = tokenizer.bos_token_id
+        self.special = SpecialTokens(tuple(eos), int(eos[0] if pad is None else pad),
+                                     None if bos is None else int(bos))
         self.vocab_size: int = len(tokenizer)
         if chat_template and not getattr(tokenizer, "chat_template", None):
             raise ConfigError("data.chat_template", True, f"the tokenizer in {folder} has no "
                               "chat template")
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self.special.eos_ids
+
+    @property
+    def pad_id(self) -> int:
+        return self.special.pad_id
 
     def identity(self) -> str:
         """sha256 over the tokenizer's files (their names and bytes) and the template switch."""
@@ -100,7 +122,11 @@ class TextCodec:
             return [{"role": "user", "content": prompt}]
         return list(prompt)
 
-    def encode(self, prompts: Sequence[Any]) -> list[list[int]]:
+    def encode(self, prompt: Any) -> list[int]:
+        """The token ids of one prompt (see :meth:`encode_all`)."""
+        return self.encode_all([prompt])[0]
+
+    def encode_all(self, prompts: Sequence[Any]) -> list[list[int]]:
         """Token ids of each prompt (chat-templated with ``data.chat_template``)."""
         tok = self.tokenizer
         if self.chat_template:

@@ -49,7 +49,8 @@ class RunRecorder:
                     RunLogWriter(path, meta, _raw_config(cfg, rc), initial_plan=plan.to_dict()))
         from nereus.log.sinks import open_sinks
 
-        self.sinks = open_sinks(rc.outputs, _raw_config(cfg, rc))  # TensorBoard, wandb
+        self.sinks = open_sinks(rc.outputs, _raw_config(cfg, rc), path,  # TensorBoard, wandb
+                                self.log.created_unix_s)
         self.log.observers.append(self.sinks.row)
         if not append:
             self.sinks.plan(plan.to_dict(), 0)
