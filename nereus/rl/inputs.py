@@ -16,7 +16,7 @@ from typing import Any
 
 from nereus.config.data import DataOptions, RewardOptions, parse_data, parse_reward
 from nereus.errors import ConfigError
-from nereus.rl.data.dataset import PromptSet, read_prompts
+from nereus.rl.data.dataset import PromptSet, read_rows, tokenize
 from nereus.rl.data.identity import data_identity
 from nereus.rl.data.paths import resolve
 from nereus.rl.data.tokenizer import TextCodec, load_tokenizer, tokenizer_folder
@@ -80,30 +80,41 @@ def load_inputs(cfg: Any, config_path: str, rc: Any, setup: Setup, *,
                 engine_tokens: bool = True) -> tuple[RunInputs, Setup]:
     """The inputs of the run configured by ``cfg`` (read from ``config_path``; ``rc`` its
     ``RunConfig``) and the setup the runtime plans with. ``engine_tokens``: refuse a tokenizer
-    whose EOS/PAD the engines cannot use yet."""
+    whose EOS/PAD the engines cannot use yet. The prompt files and the reward function are
+    checked before the tokenizer is loaded (transformers takes seconds to import): a bad file
+    is refused at once."""
     data_raw, reward_raw = cfg.section("data"), cfg.section("reward")
     options = parse_data(data_raw, setup.job.prompt_len, rc.seed)
     reward = parse_reward(reward_raw, data_raw is not None)
     base = os.path.dirname(os.path.abspath(config_path))
+    train_rows = read_rows(resolve(options.train, base), "data.train", options)
+    val_rows = (read_rows(resolve(options.val, base), "data.val", options) if options.val
+                else None)
+    if rc.outputs.val_every and val_rows is None:
+        raise ConfigError("runtime.val_every", rc.outputs.val_every,
+                          "needs data.val, the validation prompts")
+    from nereus.rl.rewards.loader import load_reward
+
+    scorer = Scorer(load_reward(reward, base), reward)
+    first = train_rows.rows[0]
+    answer = None if options.answer_key is None else first[options.answer_key]
+    where = "data.train row 0 (the probe before the run)"
+    if isinstance(train_rows.prompts[0], str):  # else after the chat template is loaded
+        probe(scorer, ScoreItem(train_rows.prompts[0], "", answer, first, where))
     folder, field = tokenizer_folder(resolve(options.tokenizer, base) if options.tokenizer
                                      else "")
     codec = load_tokenizer(folder, field, options.chat_template)
     _check_models(codec, setup)
     if engine_tokens:
         _check_engine_tokens(codec)
-    train = read_prompts(resolve(options.train, base), "data.train", options, codec)
-    val = (read_prompts(resolve(options.val, base), "data.val", options, codec)
-           if options.val else None)
-    if rc.outputs.val_every and val is None:
-        raise ConfigError("runtime.val_every", rc.outputs.val_every,
-                          "needs data.val, the validation prompts")
-    from nereus.rl.rewards.loader import load_reward
-
-    scorer = Scorer(load_reward(reward, base), reward)
+    train = tokenize(train_rows, options, codec)
+    val = None if val_rows is None else tokenize(val_rows, options, codec)
+    if not isinstance(train_rows.prompts[0], str):
+        probe(scorer, ScoreItem(codec.prompt_text(train_rows.prompts[0]), "", answer, first,
+                                where))
     order = SampleOrder(train.size, options.seed)
     identity = data_identity(train.sha256, "" if val is None else val.sha256, codec.identity(),
                              options.to_dict())
     inputs = RunInputs(options, reward, codec, train, val, scorer, order, identity)
-    probe(scorer, inputs.item(train, 0, "", "the probe before the run"))
     measured = max(train.longest, 0 if val is None else val.longest)
     return inputs, replace(setup, job=replace(setup.job, prompt_len=measured))

@@ -165,7 +165,7 @@ def test_rows_rewards_validation_and_tensorboard_through_a_transition_and_a_resu
     assert len(runs) == 2 and len({p.name for p in runs}) == 1, runs  # one id, resumed
     logged = {(k, int(row["_step"])): v for path in runs for row in history(path)
               for k, v in row.items() if not k.startswith("_")}
-    assert logged == want
+    assert {k for k in logged if logged[k] != want.get(k)} | set(want) - set(logged) == set()
     # a finished log converts to the same scalars
     rep = subprocess.run([sys.executable, "-m", "nereus", "report", "--tensorboard", str(log),
                           str(tmp_path / "tb2")], capture_output=True, text=True, cwd=REPO,

@@ -157,8 +157,19 @@ def _prompt(value: Any, where: str, field: str, path: str, key: str) -> Any:
                       "of chat messages {role, content}")
 
 
-def read_prompts(path: str, field: str, options: DataOptions, codec: TextCodec) -> PromptSet:
-    """The prompt file at ``path`` (absolute), checked, tokenized, long prompts dropped."""
+@dataclass(frozen=True)
+class PromptRows:
+    """The rows of a prompt file, checked but not yet tokenized."""
+
+    field: str
+    path: str
+    sha256: str
+    rows: tuple[dict[str, Any], ...]
+    prompts: tuple[Any, ...]  # each row's prompt: a string or a list of chat messages
+
+
+def read_rows(path: str, field: str, options: DataOptions) -> PromptRows:
+    """The rows of the prompt file at ``path`` (absolute), every one checked."""
     needed = (options.prompt_key,) + (() if options.answer_key is None
                                       else (options.answer_key,))
     digest = hashlib.sha256()
@@ -179,7 +190,13 @@ def read_prompts(path: str, field: str, options: DataOptions, codec: TextCodec) 
         prompts.append(prompt)
     if not rows:
         raise ConfigError(field, path, "has no rows (an empty prompt file)")
-    encoded = codec.encode_all(prompts)
+    return PromptRows(field, path, digest.hexdigest(), tuple(rows), tuple(prompts))
+
+
+def tokenize(raw: PromptRows, options: DataOptions, codec: TextCodec) -> PromptSet:
+    """``raw``'s prompts tokenized, those longer than ``max_prompt_len`` dropped."""
+    rows, field, path = raw.rows, raw.field, raw.path
+    encoded = codec.encode_all(list(raw.prompts))
     keep = [i for i, ids in enumerate(encoded) if len(ids) <= options.max_prompt_len]
     if not keep:
         raise ConfigError("data.max_prompt_len", options.max_prompt_len,
@@ -192,6 +209,11 @@ def read_prompts(path: str, field: str, options: DataOptions, codec: TextCodec) 
                       count=int(offsets[-1]))
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= codec.vocab_size):
         raise ConfigError(field, path, "tokenizes to ids outside the tokenizer's vocabulary")
-    return PromptSet(field, path, digest.hexdigest(), tuple(rows[i] for i in keep),
+    return PromptSet(field, path, raw.sha256, tuple(rows[i] for i in keep),
                      np.array(keep, dtype=np.int64), ids, offsets, len(rows),
                      len(rows) - len(keep))
+
+
+def read_prompts(path: str, field: str, options: DataOptions, codec: TextCodec) -> PromptSet:
+    """The prompt file at ``path`` (absolute), checked, tokenized, long prompts dropped."""
+    return tokenize(read_rows(path, field, options), options, codec)

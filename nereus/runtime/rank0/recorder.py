@@ -55,7 +55,6 @@ class RunRecorder:
         if not append:
             self.sinks.plan(plan.to_dict(), 0)
         self.rows: list[dict[str, Any]] = []
-        self.validations: list[dict[str, Any]] = []
         self.transitions = 0
         self.transition_s = 0.0
         self.started = time.time()
@@ -84,10 +83,8 @@ class RunRecorder:
                           peak_memory_bytes=peaks, reward=r0["reward"], tokens=r0["tokens"],
                           flush=False)
         record_batch(self.log, step, r0, self.setup.job.reward_model)
-        val = r0.get("val")
-        if val:
-            self.validations.append({"step": step, **{k: v for k, v in val.items()
-                                                      if k != "detail"}})
+        val = r0.get("val")  # the record keeps its summary (rows travel to every rank)
+        val = {k: v for k, v in val.items() if k != "detail"} if val else None
         self.rows.append({"step": step, "reward": r0["reward"], "len": r0["len_mean"], "val": val,
                           "step_s": step_s, "plan": plan_label(plan), "losses": r0["losses"],
                           "kl": r0["kl"], "tokens": r0["tokens"]})
@@ -181,7 +178,7 @@ class RunRecorder:
             "losses": [r["losses"] for r in self.rows],
             "lengths": [r["len"] for r in self.rows],
             "plans": [r["plan"] for r in self.rows],
-            "validation": self.validations,
+            "validation": [{"step": r["step"], **r["val"]} for r in self.rows if r.get("val")],
             "mean_step_s": float(np.mean([r["step_s"] for r in self.rows])) if self.rows else 0.0,
         }
         self.console.print(
