@@ -177,8 +177,10 @@ class RunLogWriter:
         self._last_step = last_step
         self._closed = False
         self._lock = threading.RLock()  # flush/close from a preempted rank's watch thread
-        # called with (table, values) of every row once it is buffered (nereus.log.sinks)
+        # called with (table, values) of every row once it is buffered, and once the log is
+        # closed, whoever closes it (nereus.log.sinks: TensorBoard, wandb)
         self.observers: list[Callable[[str, Mapping[str, Any]], None]] = []
+        self.on_close: list[Callable[[], None]] = []
         self.log_event(-1 if last_step < 0 else last_step, "run-start", start)
         try:
             self.flush()
@@ -520,6 +522,9 @@ class RunLogWriter:
             self._flush()
             self._closed = True
             self._file.close()
+            for done in self.on_close:
+                with contextlib.suppress(Exception):  # a sink's failure is not the log's
+                    done()
 
     def image(self) -> bytes:
         """The bytes of a closed in-memory log (``memory=True``)."""

@@ -345,3 +345,47 @@ def test_pattern_reward_scores_text_as_the_task_scored_tokens() -> None:
         text = codec.decode(codec.response_ids(resp))
         assert fn(prompt, text, task.pattern_of(prompt), {}) == task.reward(prompt, resp)
         assert EOS not in codec.encode(text)
+
+
+def test_jsonl_and_parquet_runs_take_the_same_padded_batches(tmp_path: Path) -> None:
+    """The step's batch tensors (``prompt_batch``: the global order, left-padded with the
+    tokenizer's PAD to the longest prompt) of a run on a jsonl file and on the same rows as
+    parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.rl.inputs import load_inputs
+    from nereus.rl.task import PatternTask
+    from nereus.runtime.worker.step import StepInputs, prompt_batch
+
+    task = PatternTask(seed=3)
+    rows = [{"prompt": task.prompt(i), "answer": task.pattern_of(task.prompt(i))}
+            for i in range(30)]
+    _jsonl(tmp_path / "p.jsonl", rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+    batches = []
+    for name in ("p.jsonl", "p.parquet"):
+        cfg_path = tmp_path / f"{name}.yaml"
+        cfg_path.write_text(
+            "job: {algorithm: grpo, global_batch: 4, samples_per_prompt: 2, prompt_len: 8, "
+            "gen_len: 8, reward_model: false}\n"
+            "models: {actor: {preset: tiny-gpt, vocab_size: 8}}\n"
+            "cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\n"
+            f"data: {{train: {name}, tokenizer: 'nereus:pattern', seed: 5}}\n"
+            "reward: {fn: exact}\n")
+        cfg = load_config(str(cfg_path))
+        rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup)
+        inputs, setup = load_inputs(cfg, str(cfg_path), rc, setup)
+        assert setup.job.prompt_len == 5  # the longest prompt planned, not job.prompt_len
+        inp = StepInputs(setup, rc, inputs)
+        batches.append([prompt_batch(inp, step) for step in range(10)])  # 40 prompts: 2 epochs
+    for (rows_a, a), (rows_b, b) in zip(*batches, strict=True):
+        assert np.array_equal(rows_a, rows_b) and torch.equal(a, b)
+    taken = np.concatenate([r for r, _ in batches[0]])
+    assert sorted(taken[:30].tolist()) == list(range(30))
+    first = batches[0][0][1]
+    assert first.shape == (4, 5) and bool((first[:, -1] == 2).all())  # left-padded: ":" last
+    assert bool((first[:, 0] == 0).any())  # a 2-letter pattern's prompt padded with PAD 0

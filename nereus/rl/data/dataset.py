@@ -107,6 +107,8 @@ def _jsonl_rows(path: str, field: str, digest: Any) -> Iterator[tuple[str, dict[
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise ConfigError(field, path, f"line {lineno} is not UTF-8 text") from None
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark
             if not text.strip():
                 continue
             try:

@@ -52,6 +52,7 @@ class RunRecorder:
         self.sinks = open_sinks(rc.outputs, _raw_config(cfg, rc), path,  # TensorBoard, wandb
                                 self.log.created_unix_s)
         self.log.observers.append(self.sinks.row)
+        self.log.on_close.append(self.sinks.close)  # finished, preempted or failed alike
         if not append:
             self.sinks.plan(plan.to_dict(), 0)
         self.rows: list[dict[str, Any]] = []
@@ -186,5 +187,4 @@ class RunRecorder:
             f"({self.transition_s:.2f} s, {summary['transition_share_pct']:.1f}% of "
             f"{total:.1f} s), {summary['tokens_per_s']:.1f} generated tokens/s")
         self.log.close()
-        self.sinks.close()
         return summary

@@ -161,12 +161,14 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
 
 def _validated(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
                res: dict[str, Any]) -> dict[str, Any]:
-    """``res`` with the validation after step ``step`` when one is due (collective)."""
+    """``res`` with the validation after step ``step`` when one is due (collective; rank 0
+    reports it)."""
     if res.get("redo") or not inp.rc.outputs.validates_after(step, inp.rc.steps):
         return res
     from nereus.runtime.worker.validation import validate
 
-    return {**res, "val": validate(inp, units, step, comm)}
+    val = validate(inp, units, step, comm)
+    return {**res, "val": val} if comm.Get_rank() == 0 else res
 
 
 def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
