@@ -60,6 +60,11 @@ def run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None
 
 # ---------------------------------------------------------------- prerequisites
 
+# What transformers 5's tokenizer path imports (found here by loading the pattern task's
+# tokenizer in an empty virtual environment with --no-deps installs): the run reads its tokenizer.
+TOKENIZER_WHEELS = ("transformers tokenizers huggingface_hub safetensors regex tqdm "
+                    "typing-extensions httpx2 httpcore2 h11 idna filelock truststore")
+
 def prerequisites(dry_run: bool) -> dict[str, Any]:
     """What each part needs, found or not; ``carry`` says what to bring to a bare GPU image."""
     import importlib.util
@@ -76,7 +81,7 @@ def prerequisites(dry_run: bool) -> dict[str, Any]:
                     "hip": getattr(torch.version, "hip", None),
                     "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     out["modules"] = {m: have(m) for m in ("megatron.core", "mpi4py", "h5py", "yaml", "numpy",
-                                           "packaging")}
+                                           "packaging", "transformers", "tokenizers")}
     mpiexec = shutil.which("mpiexec")
     version = ""
     if mpiexec:
@@ -89,8 +94,9 @@ def prerequisites(dry_run: bool) -> dict[str, Any]:
         if (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc").exists()
         else None)
     out["cxx"] = shutil.which("c++") or shutil.which("g++")
-    missing = [m for m in ("megatron.core", "mpi4py", "h5py", "yaml", "packaging")
-               if not out["modules"][m]]
+    # transformers and tokenizers: nereus run reads the task's tokenizer (nereus/rl/data)
+    missing = [m for m in ("megatron.core", "mpi4py", "h5py", "yaml", "packaging",
+                           "transformers", "tokenizers") if not out["modules"][m]]
     if not mpiexec:
         missing.append("mpiexec (Open MPI)")
     if not dry_run and not torch.cuda.is_available():
@@ -101,9 +107,11 @@ def prerequisites(dry_run: bool) -> dict[str, Any]:
         missing.append("a C++ compiler (the kernels' host mode)")
     out["missing"] = missing
     out["carry"] = ("the missing wheels in .carry/wheels (pip download megatron-core==0.16.1 "
-                    "pyyaml packaging --no-deps --only-binary=:all: --python-version 3.12 "
-                    "--platform manylinux2014_x86_64 -d .carry/wheels); run with "
-                    "carry=['.carry']; torch, NCCL, mpi4py and h5py are in the H200 image")
+                    "pyyaml packaging " + TOKENIZER_WHEELS + " --no-deps --only-binary=:all: "
+                    "--python-version 3.12 --platform manylinux_2_28_x86_64 --platform "
+                    "manylinux2014_x86_64 -d .carry/wheels, 23 MB); "
+                    "run with carry=['.carry']; torch, NCCL, mpi4py and h5py are in the H200 "
+                    "image")
     return out
 
 

@@ -14,9 +14,11 @@
 # tool's folder, else out/device_check).
 #
 # What to carry (the H200 image has torch with CUDA and NCCL, mpi4py on Open MPI 4.1, h5py; no
-# megatron-core, maybe no PyYAML): the wheels in .carry/wheels, e.g.
-#   pip download megatron-core==0.16.1 pyyaml packaging --no-deps --only-binary=:all: \
-#       --python-version 3.12 --platform manylinux2014_x86_64 -d .carry/wheels
+# megatron-core, maybe no PyYAML, no transformers): the wheels in .carry/wheels, e.g.
+#   pip download megatron-core==0.16.1 pyyaml packaging transformers tokenizers huggingface_hub \
+#       safetensors regex tqdm typing-extensions httpx2 httpcore2 h11 idna filelock truststore \
+#       --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#       --platform manylinux2014_x86_64 -d .carry/wheels     (23 MB, checked to resolve)
 # and run with carry=[".carry"]; they are installed from there with --no-index (a few MB). The
 # dry run lists what is missing. Without Open MPI 5 (ULFM) the rank program runs under the
 # image's mpiexec directly (what nereus run starts after its checks).
@@ -41,7 +43,7 @@ export PYTHONWARNINGS=ignore
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # Carried wheels (megatron-core): installed offline into a folder of this tree, once.
-if ! "$PY" -c "import megatron.core, yaml, packaging" 2>/dev/null; then
+if ! "$PY" -c "import megatron.core, yaml, packaging, transformers" 2>/dev/null; then
   if ls .carry/wheels/*.whl >/dev/null 2>&1; then
     mkdir -p .carry/site
     "$PY" -m pip install --no-index --no-deps --quiet --target .carry/site .carry/wheels/*.whl \
