@@ -8,7 +8,8 @@ The extension needs torch at build time, so build it without pip's build isolati
 ``pip install -e . --no-build-isolation`` or ``python setup.py build_ext --inplace``.
 ``NEREUS_BUILD_KERNELS``: ``auto`` (default: build when a GPU is visible or
 ``TORCH_CUDA_ARCH_LIST`` / ``PYTORCH_ROCM_ARCH`` is set), ``1`` (build, fail without a toolkit),
-``0`` (never; ``NEREUS_NO_KERNELS=1`` is the same).
+``0`` (never; ``NEREUS_NO_KERNELS=1`` is the same). A ROCm build targets ``PYTORCH_ROCM_ARCH``,
+by default ``ROCM_ARCHS`` (gfx90a, gfx942).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import sys
 from setuptools import setup
 
 _COMMON_HEADERS = ("nereus_gpu.h", "pack_api.h", "pack_kernel.h", "pack_binding.h")
+# AMD targets of a ROCm build when PYTORCH_ROCM_ARCH is not set (torch's extension builder reads
+# it): MI250X (gfx90a) and MI300X (gfx942). slurm/amd.sbatch exports the same list.
+ROCM_ARCHS = "gfx90a;gfx942"
 
 
 def _kernel_extension() -> dict:
@@ -38,6 +42,7 @@ def _kernel_extension() -> dict:
         sources = [os.path.join("kernels", "cuda", f) for f in ("pack_ext.cpp", "pack.cu")]
     elif is_hip and cpp_extension.ROCM_HOME is not None:
         sources = [os.path.join("kernels", "hip", f) for f in ("pack_ext.cpp", "pack.hip")]
+        os.environ.setdefault("PYTORCH_ROCM_ARCH", ROCM_ARCHS)
     else:
         if mode == "1":
             raise SystemExit("nereus: NEREUS_BUILD_KERNELS=1 but torch sees no CUDA or ROCm toolkit")

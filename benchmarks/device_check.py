@@ -1,118 +1,224 @@
-"""The device check of the GPU data plane (issue 19), driven by benchmarks/device_check.sh.
+"""The device check of the GPU data plane, driven by benchmarks/device_check.sh.
 
-    python3 benchmarks/device_check.py --out DIR [--dry-run] [--parts a,b,c]
+    python3 benchmarks/device_check.py --out DIR [--dry-run] [--parts a,c,b] [--cap-s S]
+                                       [--induce-hang] [--scale X]
 
-(a) pack kernels: nereus._kernels built, every byte of random slices checked against torch with
-    poisoned outputs (tests/gpu/test_kernels_gpu.py), bandwidth against a device copy of the same
-    bytes (benchmarks/pack.py; goal >= 0.90 on the layer and embedding plans);
+Parts, in this order (the cheapest evidence first, so a short window still brings some back):
+(a) pack kernels: nereus._kernels built for the device, every byte of random slices checked
+    against torch with poisoned outputs (tests/gpu/test_kernels_gpu.py), bandwidth against a
+    device copy of the same bytes (benchmarks/pack.py; goal >= 0.90 on the layer and embedding
+    plans). Dry run: pack.cu compiled by nvcc for sm_90 where a toolkit is present, the kernels'
+    device code in host mode on random slices, the bandwidth script on the CPU.
+(c) one training step on the device against transformers on the CPU, fp32, TF32 off
+    (benchmarks/device_check_step.py: its gates and tolerances), bf16 reported, a Destroyed
+    unit's memory given back. Dry run: the same comparison with the unit on the CPU.
 (b) nereus run of examples/grpo-tiny-gpu.yaml: 1 rank on the GPU (generation, training, weight
-    sync, the allocator's peaks, an induced out-of-memory error turned into an urgent replan
-    with the step redone) and 4 ranks sharing the GPU over the host transport with forced
-    transitions (Split/Merge/Extend on CUDA tensors staged through pinned host buffers); a
-    Destroyed unit's memory given back to the device;
-(c) one training step on CUDA against the same step on CPU, fp32 both (TF32 off): equal loss
-    and gradients within the tolerance stated below; bf16 (the run's precision) reported.
+    sync, the allocator's peaks, an induced out-of-memory error turned into an urgent replan with
+    the step redone), then 4 ranks sharing the GPU over the host transport with forced Split /
+    Merge transitions on CUDA tensors. Dry run: CPU ranks.
 
-Writes DIR/device_check.json (one summary) and DIR/device_check.log. ``--dry-run`` checks the
-prerequisites and runs every part on the CPU (the kernels' host mode, CPU ranks, CPU against
-CPU), so the script itself is tested where no GPU is.
+Each part checks its own prerequisites and runs when they hold. Every child runs in its own
+session with a time-out from ``BUDGET_S`` (their sum stays under ``--cap-s``, the shell's outer
+cap), and is killed as a group — with every process that carries this run's marker in its
+environment (mpiexec's ranks, started in sessions of their own) — when it runs out; SIGTERM (the
+outer cap) does the same and still writes the summary. DIR/device_check.json is rewritten and
+DIR/device_check.log appended after every part. ``--induce-hang`` stops a rank of part (b)'s
+first run (SIGSTOP): the check must then kill it and keep the other parts' figures (tested).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "grpo-tiny-gpu.yaml"
-LOG: list[str] = []
-# (c): fp32 on both sides, TF32 off: the same arithmetic, summed in a different order (cuBLAS
-# against the CPU BLAS, Megatron's schedule against ours). A dot product of K fp32 terms then
-# differs by at most ~K·2^-24 relative (K <= 512 here: 3e-5); the loss (a mean over tokens)
-# far less. Gradients: |Δ| <= 1e-4·max|g| + 1e-7 per tensor; loss: relative 1e-5.
-GRAD_RTOL, GRAD_ATOL, LOSS_RTOL = 1e-4, 1e-7, 1e-5
+MARK = "NEREUS_DEVICE_CHECK_RUN"  # this run's token, inherited by every child process
+# Seconds for each bounded step on the GPU machine (16 cores); the dry run multiplies them by
+# --scale on a slower machine. Their sum stays under the cap the shell gives (tested).
+BUDGET_S = {"probe_torch": 10, "probe_mpi4py": 10, "a.build": 85, "a.correct": 25,
+            "a.bandwidth": 40, "c": 45, "b.one": 45, "b.four": 65}
+PART_ORDER = ("a", "c", "b")
+HANG_LIMIT_S = 20  # --induce-hang: part (b)'s first run is known to hang; wait this long for it
 
 
-def say(text: str) -> None:
-    LOG.append(text)
-    print(text, flush=True)
+class Check:
+    """The summary, the log and the one child running, for one run of the check."""
+
+    def __init__(self, out: Path, dry_run: bool, cap_s: float, scale: float) -> None:
+        self.out, self.dry_run, self.scale = out, dry_run, scale
+        self.deadline = time.monotonic() + cap_s
+        self.token = uuid.uuid4().hex
+        os.environ[MARK] = self.token
+        self.summary: dict[str, Any] = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry_run,
+            "cap_s": cap_s, "scale": scale, "budget_s": BUDGET_S, "marker": self.token,
+            "order": []}
+        self.child: subprocess.Popen[str] | None = None
+        self.log = open(out / "device_check.log", "a", encoding="utf-8")  # noqa: SIM115
+
+    def say(self, text: str) -> None:
+        self.log.write(text + "\n")
+        self.log.flush()
+        print(text, flush=True)
+
+    def save(self) -> None:
+        """The summary as it stands (written whole, then renamed: never half a file)."""
+        tmp = self.out / ".device_check.json.tmp"
+        tmp.write_text(json.dumps(self.summary, indent=1, default=str))
+        tmp.replace(self.out / "device_check.json")
+
+    def budget(self, step: str) -> float:
+        limit = HANG_LIMIT_S if step == "b.hang" else BUDGET_S[step]
+        return max(1.0, min(limit * self.scale, self.deadline - time.monotonic() - 2))
+
+    def run(self, cmd: list[str], step: str, env: dict[str, str] | None = None,
+            on_start: Any = None) -> dict[str, Any]:
+        """Run ``cmd`` in its own session within the step's budget; on time-out kill it and all
+        it started. Returns exit code, output tails, seconds, whether it timed out."""
+        limit = self.budget(step)
+        self.say(f"$ {' '.join(cmd)}   (limit {limit:.0f} s)")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=ROOT, env={**os.environ, **(env or {})},
+                                start_new_session=True)
+        self.child = proc
+        if on_start is not None:
+            on_start(proc)
+        timed_out = False
+        try:
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            left = self.kill(proc)
+            out, err = proc.communicate()
+            self.say(f"  timed out after {limit:.0f} s: killed its process group"
+                     + (f"; still alive: {left}" if left else " and every process it started"))
+        finally:
+            self.child = None
+        tail = ((out or "")[-2000:] + (err or "")[-4000:]).strip()
+        if tail:
+            self.log.write(tail + "\n")
+        return {"code": proc.returncode, "stdout": out or "", "stderr": err or "",
+                "seconds": round(time.monotonic() - t0, 1), "timed_out": timed_out}
+
+    def marked(self) -> list[int]:
+        """Processes other than this one carrying this run's marker (its descendants, also
+        those reparented after their parent died)."""
+        want = f"{MARK}={self.token}".encode()
+        found = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            with contextlib.suppress(OSError):
+                if want in (d / "environ").read_bytes().split(b"\0"):
+                    found.append(int(d.name))
+        return found
+
+    def kill(self, proc: subprocess.Popen[str] | None) -> list[int]:
+        """TERM (and CONT, for a stopped one) to the child's group and every marked process,
+        KILL what is left after 3 s (again for up to 5 s, a process forked meanwhile too);
+        returns the pids still alive after that."""
+        groups = {proc.pid} if proc is not None else set()
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            for pid in self.marked():
+                with contextlib.suppress(OSError):
+                    groups.add(os.getpgid(pid))
+                    os.kill(pid, sig)
+            groups.discard(os.getpgrp())  # never this process's own group
+            for pg in groups:
+                with contextlib.suppress(OSError):
+                    os.killpg(pg, sig)
+        end = time.monotonic() + 3
+        while time.monotonic() < end and (any(_alive(p) for p in self.marked())
+                                          or (proc and proc.poll() is None)):
+            time.sleep(0.1)
+        for pg in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(pg, signal.SIGKILL)
+        end = time.monotonic() + 5  # KILL again whatever is still there (or was forked since)
+        while (left := [p for p in self.marked() if _alive(p)]) and time.monotonic() < end:
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        return left
 
 
-def run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    say("$ " + " ".join(cmd))
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-                         env={**os.environ, **(env or {})})
-    tail = (res.stdout[-2000:] + res.stderr[-4000:]).strip()
-    if tail:
-        LOG.append(tail)
-    return res
+def _alive(pid: int) -> bool:
+    """Not gone and not a zombie (a zombie waits only for its parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
-# ---------------------------------------------------------------- prerequisites
+# ---------------------------------------------------------------- prerequisites, per part
 
-# What transformers 5's tokenizer path imports (found here by loading the pattern task's
-# tokenizer in an empty virtual environment with --no-deps installs): the run reads its tokenizer.
-TOKENIZER_WHEELS = ("transformers tokenizers huggingface_hub safetensors regex tqdm "
-                    "typing-extensions httpx2 httpcore2 h11 idna filelock truststore")
-
-def prerequisites(dry_run: bool) -> dict[str, Any]:
-    """What each part needs, found or not; ``carry`` says what to bring to a bare GPU image."""
-    import importlib.util
-
-    out: dict[str, Any] = {}
-
-    def have(mod: str) -> bool:
+def _have(mod: str) -> bool:
+    try:
         return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
 
-    import torch
 
-    out["python"] = sys.version.split()[0]
-    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
-                    "hip": getattr(torch.version, "hip", None),
-                    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    out["modules"] = {m: have(m) for m in ("megatron.core", "mpi4py", "h5py", "yaml", "numpy",
-                                           "packaging", "transformers", "tokenizers")}
+def prerequisites(chk: Check) -> dict[str, Any]:
+    """What each part needs, found or not (``missing`` per part)."""
+    t = chk.run([sys.executable, str(Path(__file__)), "--torch-facts"], "probe_torch")
+    line = next((ln for ln in t["stdout"].splitlines()[::-1] if ln.startswith("{")), "{}")
+    facts = json.loads(line)
+    gpu = bool(facts.get("available"))
+    cuda_home = os.environ.get("CUDA_HOME", "")
+    headers = bool(cuda_home) and (Path(cuda_home) / "include" / "cuda_runtime.h").exists()
+    nvcc = str(Path(cuda_home) / "bin" / "nvcc") if cuda_home and \
+        (Path(cuda_home) / "bin" / "nvcc").exists() else None
     mpiexec = shutil.which("mpiexec")
     version = ""
     if mpiexec:
         with contextlib.suppress(Exception):
             version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                                     timeout=30).stdout.splitlines()[0]
-    out["mpiexec"] = {"path": mpiexec, "version": version, "ulfm": _ulfm(version)}
-    out["nvcc"] = shutil.which("nvcc") or (
-        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
-        if (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc").exists()
-        else None)
-    out["cxx"] = shutil.which("c++") or shutil.which("g++")
-    # transformers and tokenizers: nereus run reads the task's tokenizer (nereus/rl/data)
-    missing = [m for m in ("megatron.core", "mpi4py", "h5py", "yaml", "packaging",
-                           "transformers", "tokenizers") if not out["modules"][m]]
-    if not mpiexec:
-        missing.append("mpiexec (Open MPI)")
-    if not dry_run and not torch.cuda.is_available():
-        missing.append("a CUDA device")
-    if not dry_run and not out["nvcc"]:
-        missing.append("nvcc (CUDA toolkit, for part a)")
-    if dry_run and not out["cxx"]:
-        missing.append("a C++ compiler (the kernels' host mode)")
-    out["missing"] = missing
-    out["carry"] = ("the missing wheels in .carry/wheels (pip download megatron-core==0.16.1 "
-                    "pyyaml packaging " + TOKENIZER_WHEELS + " --no-deps --only-binary=:all: "
-                    "--python-version 3.12 --platform manylinux_2_28_x86_64 --platform "
-                    "manylinux2014_x86_64 -d .carry/wheels, 23 MB); "
-                    "run with carry=['.carry']; torch, NCCL, mpi4py and h5py are in the H200 "
-                    "image")
-    return out
+                                     timeout=10).stdout.splitlines()[0]
+    mpi = chk.run([sys.executable, "-c", "from mpi4py import MPI; "
+                   "print(MPI.Get_library_version().splitlines()[0])"], "probe_mpi4py")
+    found: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": facts,
+        "modules": {m: _have(m) for m in ("megatron.core", "transformers", "tokenizers", "h5py",
+                                          "yaml", "numpy", "packaging", "pynvml")},
+        "mpi4py_loads": mpi["code"] == 0, "mpi_library": mpi["stdout"].strip()[:120],
+        "mpiexec": {"path": mpiexec, "version": version, "ulfm": _ulfm(version),
+                    "open_mpi": "Open MPI" in version},
+        "cuda_home": cuda_home or None, "cuda_headers": headers, "nvcc": nvcc,
+        "cxx": shutil.which("c++") or shutil.which("g++")}
+    mods = found["modules"]
+    need: dict[str, list[tuple[str, bool]]] = {
+        "a": [("a C++ compiler", bool(found["cxx"]))],
+        "c": [("megatron.core", mods["megatron.core"]),
+              ("transformers (the reference)", mods["transformers"])],
+        "b": [("megatron.core", mods["megatron.core"]), ("h5py", mods["h5py"]),
+              ("yaml", mods["yaml"]), ("from mpi4py import MPI", found["mpi4py_loads"]),
+              ("mpiexec", bool(mpiexec)),
+              # nereus run reads the task's tokenizer (nereus/rl/data) through transformers
+              ("transformers and tokenizers (the run's tokenizer)",
+               mods["transformers"] and mods["tokenizers"])]}
+    if not chk.dry_run:
+        for part in need:
+            need[part].append(("a CUDA device", gpu))
+        need["a"] += [("nvcc in CUDA_HOME", bool(nvcc)), ("CUDA headers in CUDA_HOME", headers)]
+    found["missing"] = {p: [what for what, ok in n if not ok] for p, n in need.items()}
+    return found
 
 
 def _ulfm(version: str) -> bool:
@@ -122,29 +228,27 @@ def _ulfm(version: str) -> bool:
 
 # ---------------------------------------------------------------- (a) pack kernels
 
-def part_a(out: Path, dry_run: bool) -> dict[str, Any]:
-    if dry_run:
-        return _part_a_host()
-    env = {"NEREUS_BUILD_KERNELS": "1", "TORCH_CUDA_ARCH_LIST":
-           os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0"), "MAX_JOBS": "16"}
-    t0 = time.time()
-    b = run([sys.executable, "setup.py", "build_ext", "--inplace"], 300, env)
-    res: dict[str, Any] = {"build_s": round(time.time() - t0, 1), "built": b.returncode == 0}
-    if b.returncode != 0:
-        return {**res, "ok": False, "why": "build failed"}
-    t = run([sys.executable, "tests/gpu/test_kernels_gpu.py"], 180)
-    skipped = "SKIP" in t.stdout + t.stderr
-    res["correct"] = t.returncode == 0 and not skipped
-    bench = out / "pack_bench.json"
-    p = run([sys.executable, "benchmarks/pack.py", "--json", "--tile-bytes", "32768,65536"], 240)
-    rows = json.loads(p.stdout) if p.returncode == 0 else []
-    bench.write_text(json.dumps(rows))
+def part_a(chk: Check, pre: dict[str, Any]) -> dict[str, Any]:
+    if chk.dry_run:
+        return _part_a_dry(chk, pre)
+    major, minor = pre["torch"]["capability"]
+    env = {"NEREUS_BUILD_KERNELS": "1", "MAX_JOBS": str(os.cpu_count() or 8),
+           "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")}
+    b = chk.run([sys.executable, "setup.py", "build_ext", "--inplace"], "a.build", env)
+    res: dict[str, Any] = {"arch": env["TORCH_CUDA_ARCH_LIST"], "build_s": b["seconds"],
+                           "built": b["code"] == 0}
+    if b["code"] != 0:
+        return {**res, "ok": False, "why": "build failed" + (" (timed out)" if b["timed_out"]
+                                                             else "")}
+    t = chk.run([sys.executable, "tests/gpu/test_kernels_gpu.py"], "a.correct")
+    res["correct"] = t["code"] == 0 and "SKIP" not in t["stdout"] + t["stderr"]
+    p = chk.run([sys.executable, "benchmarks/pack.py", "--json", "--tile-bytes", "32768,65536"],
+                "a.bandwidth")
+    rows = json.loads(p["stdout"]) if p["code"] == 0 else []
     res["bandwidth"] = _best_of(rows)
     goal = [v for k, v in res["bandwidth"].items() if not k.startswith("norms")]
     res["goal_0.90_met"] = bool(goal) and all(v["kernel_vs_copy"] >= 0.90 for v in goal)
     res["ok"] = res["correct"] and res["goal_0.90_met"]
-    with contextlib.suppress(OSError):
-        bench.unlink()  # summarised above; the folder brings back few files
     return res
 
 
@@ -166,8 +270,42 @@ def _best_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _part_a_host() -> dict[str, Any]:
-    """Dry run: the kernels' device code in host mode on random slices, outputs poisoned."""
+def _part_a_dry(chk: Check, pre: dict[str, Any]) -> dict[str, Any]:
+    """The toolkit line (nvcc for sm_90, where present), the kernels' device code in host mode
+    on random slices with outputs poisoned, the bandwidth script on the CPU."""
+    res: dict[str, Any] = {"mode": "host (CPU)"}
+    if pre["nvcc"] and pre["cuda_headers"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            b = chk.run([pre["nvcc"], "-arch=sm_90", "-O3", "-Xcompiler", "-fPIC", "-I",
+                         "kernels", "-c", "kernels/cuda/pack.cu", "-o", f"{tmp}/pack.o"],
+                        "a.build")
+        res["nvcc_sm90"] = b["code"] == 0
+    else:
+        res["nvcc_sm90"] = "skipped: no CUDA toolkit with headers"
+    t = chk.run([sys.executable, str(Path(__file__)), "--host-kernels"], "a.correct")
+    line = next((ln for ln in t["stdout"].splitlines()[::-1] if ln.startswith("{")), "{}")
+    res.update(json.loads(line))
+    p = chk.run([sys.executable, "benchmarks/pack.py", "--json", "--device", "cpu", "--reps",
+                 "1", "--plans", "norms-65"], "a.bandwidth")
+    res["bandwidth_rows"] = len(json.loads(p["stdout"])) if p["code"] == 0 else 0
+    res["ok"] = (res.get("correct") is True and res["nvcc_sm90"] is not False
+                 and res["bandwidth_rows"] > 0)
+    return res
+
+
+def torch_facts() -> dict[str, Any]:
+    """torch's build and device, asked in a child: the check itself never holds a CUDA
+    context (its memory would be missing from the parts' measurements)."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return {"version": torch.__version__, "cuda": torch.version.cuda,
+            "hip": getattr(torch.version, "hip", None), "available": gpu,
+            "device": torch.cuda.get_device_name(0) if gpu else None,
+            "capability": list(torch.cuda.get_device_capability(0)) if gpu else None}
+
+
+def host_kernels() -> dict[str, Any]:
     import random
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -185,232 +323,19 @@ def _part_a_host() -> dict[str, Any]:
         check_unpack(disjoint, shift=rng.randrange(16), **kw)
         check_roundtrip(disjoint, **kw)
         cases += 3
-    return {"mode": "host (CPU)", "cases": cases, "correct": True, "ok": True}
+    return {"cases": cases, "correct": True}
 
 
-# ---------------------------------------------------------------- (b) nereus run
+# ---------------------------------------------------------------- (c) one step
 
-FORCED = """  force_transitions:
-    - {at_step: 0, layouts: {actor-train: [2, 1]}}
-    - {at_step: 1, layouts: {actor-train: [1, 2]}}
-    - {at_step: 2, layouts: {actor-train: [1, 1]}}
-"""
-
-
-def _config(out: Path, name: str, lines: str) -> Path:
-    text = EXAMPLE.read_text()
-    p = out / name
-    p.write_text(text.replace("\nruntime:\n", "\nruntime:\n" + lines))
-    return p
-
-
-def _launch(cfg: Path, ranks: int, steps: int, log: Path, summary: Path, ulfm: bool,
-            timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """``nereus run`` where mpiexec has ULFM (Open MPI 5); else the same rank program under the
-    image's mpiexec (what nereus run starts after its checks)."""
-    if ulfm:
-        return run([sys.executable, "-m", "nereus", "run", str(cfg), "--ranks", str(ranks),
-                    "--steps", str(steps), "--log", str(log), "--json"], timeout_s)
-    return run(["mpiexec", "--allow-run-as-root", "--oversubscribe", "-n", str(ranks),
-                sys.executable, "-m", "nereus.runtime.worker.main", "--config", str(cfg),
-                "--log", str(log), "--ranks", str(ranks), "--steps", str(steps),
-                "--summary-json", str(summary)], timeout_s,
-               {"OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"})
-
-
-def _read(log: Path) -> dict[str, Any]:
-    from nereus.log.reader import read_run_log
-
-    r = read_run_log(log)
-    ev = r.tables["events"]
-    events = [(int(s), str(k), d) for s, k, d in zip(ev["step"], ev["kind"], ev["detail"],
-                                                     strict=True)]
-    devices = next((d for _, k, d in events if k == "devices"), {})
-    mem = r.tables.get("gpu_memory", {})
-    tr = r.tables.get("transitions", {})
-    reps = r.tables.get("replans", {})
-    return {
-        "closed": bool(r.closed), "steps": [int(s) for s in r.steps["step"]],
-        "rewards": [round(float(x), 4) for x in r.steps["reward"]],
-        "device": devices.get("rank0", {}), "default_backend": devices.get("default_backend"),
-        "dtype": devices.get("dtype"), "pack": devices.get("pack"),
-        "generation": devices.get("generation"),
-        "peak_bytes_max": int(max(mem["peak_bytes"])) if len(mem.get("peak_bytes", [])) else 0,
-        "ooms": [d for _, k, d in events if k == "oom"],
-        "redone": [d for _, k, d in events if k == "step-redone"],
-        "urgent_memory_replans": sum(1 for c in reps.get("candidates", [])
-                                     if "memory" in c["triggers"] and c["urgent"]),
-        "transitions": [{"step": int(s), "transports": d.get("transports"),
-                         "kinds": sorted({p["kind"] for p in prims})}
-                        for s, d, prims in zip(tr.get("step", []), tr.get("dag", []),
-                                               tr.get("primitives", []), strict=True)],
-    }
-
-
-def part_b(out: Path, dry_run: bool, ulfm: bool) -> dict[str, Any]:
-    device = "cpu" if dry_run else "cuda"
-    one = _config(out, "one.yaml", f"  device: {device}\n  inject_oom: {{rank: 0, at_step: 1}}\n")
-    _drop_key(one, "device: auto")
-    res: dict[str, Any] = {}
-    r1 = _launch(one, 1, 4, out / "one.h5", out / "one.json", ulfm, 200)
-    got = _read(out / "one.h5") if (out / "one.h5").exists() else {}
-    oom = got.get("ooms", [])
-    res["one_rank"] = {
-        "exit": r1.returncode, **got,
-        "ok": r1.returncode == 0 and got.get("steps") == [0, 1, 2, 3]
-        and got.get("device", {}).get("kind") == device
-        and len(oom) == 1 and oom[0].get("source") == "allocator"
-        and len(got.get("redone", [])) == 1 and got.get("urgent_memory_replans", 0) >= 1
-        and got.get("peak_bytes_max", 0) > 0}
-    four = _config(out, "four.yaml", f"  device: {device}\n" + FORCED)
-    _drop_key(four, "device: auto")
-    r4 = _launch(four, 4, 4, out / "four.h5", out / "four.json", ulfm, 300)
-    got4 = _read(out / "four.h5") if (out / "four.h5").exists() else {}
-    kinds = {k for t in got4.get("transitions", []) for k in t["kinds"]}
-    labels = {k for t in got4.get("transitions", []) for k in (t["transports"] or {})}
-    want_label = "host:gloo" if dry_run else "host:gloo-staged"
-    res["four_ranks_shared"] = {
-        "exit": r4.returncode, **got4, "primitive_kinds": sorted(kinds),
-        "ok": r4.returncode == 0 and got4.get("steps") == [0, 1, 2, 3]
-        and {"split", "merge"} <= kinds and labels == {want_label}
-        and got4.get("default_backend") == "gloo"}
-    for name in ("one.h5", "four.h5", "one.json", "four.json", "one.yaml", "four.yaml"):
-        with contextlib.suppress(OSError):
-            (out / name).unlink()
-    res["ok"] = res["one_rank"]["ok"] and res["four_ranks_shared"]["ok"]
-    return res
-
-
-def _drop_key(path: Path, line: str) -> None:
-    """Remove the example's own line (the variant sets the key itself)."""
-    text = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(t for t in text if line not in t))
-
-
-# ---------------------------------------------------------------- (c) CUDA against CPU
-
-def part_c(dry_run: bool) -> dict[str, Any]:
-    """Separate process: one rank, its own default group."""
-    res = run([sys.executable, str(Path(__file__)), "--part-c-worker"]
-              + (["--dry-run"] if dry_run else []), 240)
-    line = next((ln for ln in res.stdout.splitlines()[::-1] if ln.startswith("{")), "")
-    return json.loads(line) if line else {"ok": False, "why": f"exit {res.returncode}"}
-
-
-def part_c_worker(dry_run: bool) -> dict[str, Any]:
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support.unit_training import train_step  # the tests' training probe, same step
-
-    from nereus.cluster.devices import DeviceChoice, cpu_choice
-    from nereus.cluster.transport import RankPlacement
-    from nereus.emu.shards import tensor_specs
-    from nereus.emu.unit import Emu, Layout
-    from nereus.engines.megatron_model import StageGroups, prepare_device
-    from nereus.runtime.execution.device import RankDevice
-    from nereus.runtime.worker.state import load_global, new_unit_state
-    from nereus.spec.model import MODEL_PRESETS
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    store = dist.HashStore()  # one process: nothing listens
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    solo = dist.new_group([0], backend="gloo")
-    groups = StageGroups(solo, solo, solo, solo, solo)
-    spec = MODEL_PRESETS["tiny-gpt"]
-    emu = Emu("actor-train", "actor-train", Layout(1, 1), (0,))
-    rng = np.random.default_rng(5)
-    glob = {f: {t.name: (rng.standard_normal(t.global_shape) * (0.05 if f == "param" else 0))
-                .astype(np.float32) for t in tensor_specs(spec)}
-            for f in ("param", "exp_avg", "exp_avg_sq")}
-    tokens = torch.from_numpy(rng.integers(0, spec.vocab_size, (8, 65)))
-    gpu = not dry_run and torch.cuda.is_available()
-    placements = (RankPlacement(0, "local", "cuda" if gpu else "cpu",
-                                "nvidia" if gpu else "cpu", "nvidia:0" if gpu else ""),)
-    choice = DeviceChoice("cuda", "nvidia", 0, "nvidia:0", False, "device check") if gpu \
-        else cpu_choice("device check dry run")
-    if gpu:
-        torch.cuda.set_device(0)
-        prepare_device(0)
-
-    def one_step(dev: RankDevice | None) -> dict[str, Any]:
-        st = new_unit_state(spec, emu, 0, groups, lr=1e-3, device=dev, initialize=False)
-        load_global(st, glob)
-        grads: dict[str, np.ndarray] = {}
-        def keep(p: Any, k: str) -> None:
-            if p.grad is not None:  # under mixed precision the masters took it already
-                grads[k] = p.grad.detach().float().cpu().numpy().copy()
-
-        handles = [p.register_post_accumulate_grad_hook(lambda p, k=k: keep(p, k))
-                   for k, p in st.model.named_parameters()]
-        loss = train_step(st, tokens[:, :-1], tokens[:, 1:], micro_batch=4)
-        for h in handles:
-            h.remove()
-        return {"loss": loss, "grads": grads, "param": st.snapshot()["param"], "state": st}
-
-    cpu = one_step(None)
-    dev32 = RankDevice(choice, placements, 0, dtype=torch.float32)
-    other = one_step(dev32)
-    res: dict[str, Any] = {"device": str(dev32.device), "tf32": False,
-                           "tolerance": {"loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL,
-                                         "grad_atol": GRAD_ATOL}}
-    res["loss_cpu"], res["loss_device"] = cpu["loss"], other["loss"]
-    res["loss_rel_diff"] = abs(cpu["loss"] - other["loss"]) / max(abs(cpu["loss"]), 1e-12)
-    worst = 0.0
-    grads_ok = set(cpu["grads"]) == set(other["grads"])
-    for k, g in cpu["grads"].items():
-        d = float(np.max(np.abs(g - other["grads"][k])))
-        bound = GRAD_RTOL * float(np.max(np.abs(g))) + GRAD_ATOL
-        worst = max(worst, d / bound)
-        grads_ok &= d <= bound
-    res["grad_worst_share_of_tolerance"] = round(worst, 4)
-    # after one Adam step an element moves by lr·m/(sqrt(v)+eps) ≈ ±lr: equal where |g| is
-    # well above the rounding of the two sides, up to 2·lr where a gradient is ~0 on both
-    moved = max(float(np.max(np.abs(cpu["param"][k] - other["param"][k])))
-                for k in cpu["param"])
-    res["param_max_abs_diff_after_adam"] = moved
-    res["ok"] = res["loss_rel_diff"] <= LOSS_RTOL and grads_ok and moved <= 2e-3 + 1e-6
-    if gpu:  # the run's precision: bf16 parameters, fp32 masters (reported, not gated)
-        bf = one_step(RankDevice(choice, placements, 0, dtype=torch.bfloat16))
-        res["loss_bf16_device"] = bf["loss"]
-        res["loss_bf16_rel_diff"] = abs(cpu["loss"] - bf["loss"]) / max(abs(cpu["loss"]), 1e-12)
-        res["memory_returned"] = _destroy_returns_memory(spec, groups, choice, placements,
-                                                         store, emu)
-        res["ok"] = res["ok"] and res["memory_returned"]["ok"]
-    else:
-        res["memory_returned"] = {"ok": True, "skipped": "no device"}
-    return res
-
-
-def _destroy_returns_memory(spec: Any, groups: Any, choice: Any, placements: Any, store: Any,
-                            emu: Any) -> dict[str, Any]:
-    """A Destroy through the executor gives the unit's memory back to the device."""
-    import torch
-
-    from nereus.emu.primitives import Destroy
-    from nereus.emu.unit import Emu, Layout
-    from nereus.runtime.execution.device import RankDevice
-    from nereus.runtime.execution.torch_executor import TorchExecutor
-    from nereus.runtime.worker.state import new_unit_state
-
-    dev = RankDevice(choice, placements, 0)
-    ex = TorchExecutor(spec, 0, store, "check", device=dev)
-    unit = Emu(emu.model_stage, emu.state, Layout(1, 1), (0,))
-    twin = Emu(emu.model_stage, emu.state, Layout(1, 1), (1,))  # the replica that stays
-    torch.cuda.synchronize()
-    base_reserved = torch.cuda.memory_reserved()
-    ex.units[unit] = new_unit_state(spec, unit, 0, groups, device=dev, initialize=False)
-    held = torch.cuda.memory_allocated()
-    reserved = torch.cuda.memory_reserved()
-    ex.destroy(Destroy(unit, 0), live={unit, twin})
-    after_alloc, after_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    return {"allocated_before": held, "allocated_after": after_alloc,
-            "reserved_before": reserved, "reserved_after": after_reserved,
-            "ok": after_alloc < held and after_reserved <= max(base_reserved, reserved) and
-            after_reserved < reserved}
+def part_c(chk: Check) -> dict[str, Any]:
+    r = chk.run([sys.executable, "benchmarks/device_check_step.py"]
+                + (["--dry-run"] if chk.dry_run else []), "c")
+    line = next((ln for ln in r["stdout"].splitlines()[::-1] if ln.startswith("{")), "")
+    if not line:
+        return {"ok": False, "why": f"exit {r['code']}" + (" (timed out)" if r["timed_out"]
+                                                          else "")}
+    return dict(json.loads(line))
 
 
 # ---------------------------------------------------------------- main
@@ -419,45 +344,70 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "out" / "device_check"))
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--parts", default="a,b,c")
-    ap.add_argument("--part-c-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--parts", default=",".join(PART_ORDER))
+    ap.add_argument("--cap-s", type=float, default=330.0)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--induce-hang", action="store_true")
+    ap.add_argument("--host-kernels", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-facts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.part_c_worker:
-        print(json.dumps(part_c_worker(args.dry_run), default=float))
+    if args.host_kernels or args.torch_facts:
+        print(json.dumps(host_kernels() if args.host_kernels else torch_facts()))
         return 0
+    if sum(BUDGET_S.values()) * args.scale >= args.cap_s:
+        print(f"device check: budgets {sum(BUDGET_S.values())} s x {args.scale} do not fit "
+              f"--cap-s {args.cap_s:g}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               "dry_run": args.dry_run}
-    pre = prerequisites(args.dry_run)
-    summary["prerequisites"] = pre
-    summary["device"] = pre["torch"]["device"] or "cpu"
-    if pre["missing"]:
-        say("missing: " + ", ".join(pre["missing"]) + "; " + pre["carry"])
-    parts = [p for p in args.parts.split(",") if p]
+    chk = Check(out, args.dry_run, args.cap_s, args.scale)
+
+    def outer_cap(signum: int, _frame: Any) -> None:
+        chk.summary["stopped"] = f"signal {signum} (the outer cap)"
+        chk.summary["passed"] = False
+        chk.save()  # first: the shell's KILL follows 10 s after its TERM
+        chk.summary["left_behind"] = chk.kill(chk.child)
+        chk.save()
+        chk.say("device check: stopped by the outer cap; the summary has what finished")
+        os._exit(124)
+
+    signal.signal(signal.SIGTERM, outer_cap)
+    t0 = time.monotonic()
+    pre = prerequisites(chk)
+    chk.summary["prerequisites"] = pre
+    chk.summary["device"] = pre["torch"].get("device") or "cpu"
+    chk.save()
+    parts = [p for p in PART_ORDER if p in args.parts.split(",")]
     for part in parts:
-        start = time.time()
+        start = time.monotonic()
+        missing = pre["missing"][part]
         try:
-            if pre["missing"]:
-                raise RuntimeError("prerequisites missing: " + ", ".join(pre["missing"]))
-            if part == "a":
-                summary["a"] = part_a(out, args.dry_run)
-            elif part == "b":
-                summary["b"] = part_b(out, args.dry_run, pre["mpiexec"]["ulfm"])
+            if missing:
+                got: dict[str, Any] = {"ok": False, "skipped": "missing: " + ", ".join(missing)}
+            elif part == "a":
+                got = part_a(chk, pre)
             elif part == "c":
-                summary["c"] = part_c(args.dry_run)
+                got = part_c(chk)
+            else:
+                from device_check_run import part_b  # beside this file
+
+                got = part_b(chk, pre, args.induce_hang)
         except Exception as e:  # one part failing still leaves the others' figures
-            summary[part] = {"ok": False, "why": f"{type(e).__name__}: {e}"}
-        summary[part]["seconds"] = round(time.time() - start, 1)
-        say(f"part {part}: {'ok' if summary[part].get('ok') else 'FAILED'} "
-            f"({summary[part]['seconds']} s)")
-    summary["seconds"] = round(time.time() - t0, 1)
-    summary["passed"] = all(summary[p].get("ok") for p in parts)
-    (out / "device_check.json").write_text(json.dumps(summary, indent=1, default=str))
-    (out / "device_check.log").write_text("\n".join(LOG)[-2_000_000:])
-    say(f"{'PASS' if summary['passed'] else 'FAIL'}: {out / 'device_check.json'}")
-    return 0 if summary["passed"] else 1
+            got = {"ok": False, "why": f"{type(e).__name__}: {e}"}
+        got["seconds"] = round(time.monotonic() - start, 1)
+        chk.summary[part] = got
+        chk.summary["order"].append(part)
+        chk.say(f"part {part}: {'ok' if got.get('ok') else 'FAILED'} ({got['seconds']} s)"
+                + (f" — {got.get('skipped') or got.get('why')}" if not got.get("ok") else ""))
+        chk.save()
+    left = chk.marked()
+    chk.summary["left_behind"] = [p for p in left if _alive(p)]
+    chk.summary["seconds"] = round(time.monotonic() - t0, 1)
+    chk.summary["passed"] = all(chk.summary[p].get("ok") for p in parts) and \
+        not chk.summary["left_behind"]
+    chk.save()
+    chk.say(f"{'PASS' if chk.summary['passed'] else 'FAIL'}: {out / 'device_check.json'}")
+    return 0 if chk.summary["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,22 @@ critic-train; rule-based reward), synchronous, global batch 512 prompts of 1,024
 - ``gap_pct``: (ours − reference) / reference · 100 against the exhaustive enumeration where it
   finishes within its work limit, else against the MILP.
 
+The **whole replan** (issues 32 and 36): what the controller does from an observation to the
+chosen target (``controller_step`` on the simulator's port, :class:`SearchPort` with a
+``CostCache`` kept across replans): the current plan evaluated, the candidate targets searched
+(S*, the DP refit on the current layouts, S* keeping one more model-stage's layout: up to
+``controller.targets`` = 4 searches), a transition planned for each (the DAG, else host-staged,
+else gather-and-reload or checkpoint/restart: :func:`nereus.transition.change.plan_change`), the
+tie rule's stage times and admission. Three kinds, each timed on a fresh observation per repeat
+(wall and CPU, medians): ``cold`` — the generated length crossed its threshold (+40%, a new
+length each repeat: every candidate re-costed); ``shrink`` — a node left (urgent, cost tables
+warm); ``grow`` — a node came back (opportunistic, warm). Per kind: the share of each part
+(searches, transitions, the rest), the options' executors, and the replan time as a share of
+L̂_tran of the transition it planned for the target it chose (or for S* where none was
+admitted). Targets: ≤ 1% of that transition, ≤ 50 ms at 1,024 GPUs.
+
     python benchmarks/plan_search.py [--json] [--repeats N] [--gpus 32,64,...]
+    python benchmarks/plan_search.py --replan-only --gpus 32,1024
 """
 
 from __future__ import annotations
@@ -35,6 +50,9 @@ import time
 import tracemalloc
 from typing import Any
 
+from nereus.control.controller import ControllerState, controller_step
+from nereus.control.planner_port import SearchPort
+from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration, default_calibration
 from nereus.plan.candidates import CostCache, build_table
 from nereus.plan.exhaustive import SearchLimitError
@@ -126,20 +144,117 @@ def measure(gpus: int, repeats: int, cold_repeats: int) -> dict[str, Any]:
     }
 
 
+class TimedPort:
+    """The controller's port with every call timed (CPU seconds per method)."""
+
+    def __init__(self, port: SearchPort) -> None:
+        self.port = port
+        self.cpu_s: dict[str, float] = {}
+
+    def _timed(self, name: str, *args: Any) -> Any:
+        c0 = time.process_time()
+        try:
+            return getattr(self.port, name)(*args)
+        finally:
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + time.process_time() - c0
+
+    def evaluate(self, *a: Any) -> Any:
+        return self._timed("evaluate", *a)
+
+    def options(self, *a: Any) -> Any:
+        return self._timed("options", *a)
+
+    def transition(self, *a: Any) -> Any:
+        return self._timed("transition", *a)
+
+    def stage_times(self, *a: Any) -> Any:
+        return self._timed("stage_times", *a)
+
+
+def _started(setup: Setup, calib: Calibration, cache: CostCache, pool: tuple[int, ...],
+             gen_len: float) -> ControllerState:
+    port = SearchPort(setup, calib, pool=pool, cache=cache)
+    st, _ = controller_step(ControllerState(), Observation(0, gen_len, 1.1 * gen_len, pool),
+                            setup.job.controller, port)
+    return st
+
+
+def replan(gpus: int, kind: str, repeats: int) -> dict[str, Any]:
+    """The whole replan of ``kind`` (module docstring) at ``gpus`` GPUs, ``repeats`` times."""
+    setup = setup_for(gpus)
+    spec = setup.job.controller
+    calib = default_calibration()
+    cache = CostCache()
+    full = tuple(range(gpus))
+    small = tuple(range(gpus - GPUS_PER_NODE))
+    state = _started(setup, calib, cache, small if kind == "grow" else full, 2048.0)
+    walls, cpus, parts, rows = [], [], [], []
+    for i in range(repeats):
+        if kind == "cold":
+            gl, pool = 2048.0 * 1.4 + i, full
+        else:
+            gl, pool = 2048.0, small if kind == "shrink" else full
+        port = TimedPort(SearchPort(setup, calib, pool=pool, cache=cache))
+        obs = Observation(1, gl, 1.1 * gl, pool)
+        t0, c0 = time.perf_counter(), time.process_time()
+        _, d = controller_step(state, obs, spec, port)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        parts.append(port.cpu_s)
+        adm = d.admission
+        assert adm is not None
+        chosen = next((o for o in adm.options if o.admitted), adm.options[0] if adm.options
+                      else None)
+        rows.append({"admitted": adm.admitted, "path": adm.path, "options": len(adm.options),
+                     "executors": [o.executor for o in adm.options],
+                     "transition_s": None if chosen is None else chosen.transition_s})
+    med = statistics.median
+    cpu_ms = med(cpus) * 1e3
+    tran = [r["transition_s"] for r in rows if r["transition_s"]]
+    share = {k: med(p.get(k, 0.0) for p in parts) * 1e3 for k in
+             ("options", "transition", "stage_times", "evaluate")}
+    return {"gpus": gpus, "kind": kind, "wall_ms": med(walls) * 1e3, "cpu_ms": cpu_ms,
+            "max_wall_ms": max(walls) * 1e3, "parts_cpu_ms": share,
+            "options": rows[0]["options"], "executors": rows[0]["executors"],
+            "admitted": rows[0]["admitted"], "path": rows[0]["path"],
+            "transition_s": med(tran) if tran else None,
+            "pct_of_transition": 100 * med(cpus) / med(tran) if tran else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--repeats", type=int, default=21, help="repeats of the warm search")
     ap.add_argument("--cold-repeats", type=int, default=5, help="repeats of the cold search")
     ap.add_argument("--gpus", default=",".join(map(str, GPU_COUNTS)), help="comma-separated")
+    ap.add_argument("--replan-only", action="store_true", help="only the whole-replan table")
+    ap.add_argument("--replan-repeats", type=int, default=7, help="repeats of each replan")
     args = ap.parse_args()
     import scipy.optimize  # noqa: F401  (imported before timing: the MILP times exclude it)
 
     load_before = os.getloadavg()[0]
-    rows = [measure(int(g), args.repeats, args.cold_repeats) for g in args.gpus.split(",")]
+    gpus = [int(g) for g in args.gpus.split(",")]
+    replans = [replan(g, k, args.replan_repeats) for g in gpus
+               for k in ("cold", "shrink", "grow")]
+    rows = [] if args.replan_only else [measure(g, args.repeats, args.cold_repeats)
+                                        for g in gpus]
     load_after = os.getloadavg()[0]
     if args.json:
-        print(json.dumps({"rows": rows, "load_avg_1min": [load_before, load_after]}))
+        print(json.dumps({"rows": rows, "replans": replans,
+                          "load_avg_1min": [load_before, load_after]}))
+        return 0
+    print("Whole replan (observation -> chosen target), medians; ms")
+    print(f"{'GPUs':>5} {'kind':>6} {'wall':>8} {'cpu':>8} {'max wall':>9} {'search':>8} "
+          f"{'trans':>8} {'stage_t':>8} {'options':>7} {'L_tran s':>9} {'% of L':>7}  path")
+    for r in replans:
+        pt = r["parts_cpu_ms"]
+        pct = "-" if r["pct_of_transition"] is None else f"{r['pct_of_transition']:.3f}"
+        lt = "-" if r["transition_s"] is None else f"{r['transition_s']:.3f}"
+        print(f"{r['gpus']:>5} {r['kind']:>6} {r['wall_ms']:>8.1f} {r['cpu_ms']:>8.1f} "
+              f"{r['max_wall_ms']:>9.1f} {pt['options']:>8.1f} {pt['transition']:>8.1f} "
+              f"{pt['stage_times']:>8.1f} {r['options']:>7} {lt:>9} {pct:>7}  "
+              f"{r['path']} {'admitted' if r['admitted'] else 'rejected'} {r['executors']}")
+    if args.replan_only:
         return 0
     print("Llama-3.1-8B PPO (5 model-stages), H200, 8 GPUs/node; medians; wall and CPU ms")
     print(f"{'GPUs':>5} {'ours ms':>9} {'ours cpu':>9} {'cold ms':>9} {'cold cpu':>9} "

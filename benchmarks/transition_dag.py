@@ -6,37 +6,41 @@ GPUs; the target changes dp of four model-stages and tp/pp of four, with the blo
 shifting so that model-stages take over each other's GPUs) and "co-resident" (as the planner
 places a synchronous workflow: each phase — gen, inf, train — spans the whole pool, model-stages
 of one phase on disjoint GPUs, phases sharing GPUs; the conflict relation is
-``Workflow.concurrent``). Ours = what the controller runs per replan (:func:`nereus.transition.plan_transition`):
-``plan_plans`` from the two plans, with L̂_tran, on the batched path of :mod:`nereus.transition.batched.plan`
-(median of repeats, wall and CPU time, and the best CPU time: on a loaded machine the least
-disturbed run), each repeat after the untimed expansion of the one before (cold caches, as a
-replan after a training step finds them); ``warm``: the median CPU time of as many plannings
-back to back (the controller weighs its options one after the other). Each repeat plans to a new target plan object, whose replica tuples are read in
-the timed call; the current plan is one object throughout, as the controller's is between
-transitions (it adopts the admitted target object, whose replica matrices were read when it was
-planned). Timed apart: expanding to the per-primitive DAG (only for the transition that is executed), the reference compiler
-(``compile_transition`` + ``transition_cost_s`` on prebuilt units) in the same minutes, and
-validation (exhaustive over interleavings, run in tests); ``same`` checks the expanded DAG and
-L̂_tran against the reference's; ``plan %`` is the planning time as a share of the L̂_tran it
-plans (the goal: ≤ 1%). The exact scheduler (:mod:`nereus.transition.exact`, CP-SAT, time-capped)
-orders the same primitives subject only to each model-stage's local edges, GPU ownership, one
+``Workflow.concurrent``). Ours = what the controller runs per replan (``plan_plans`` with
+L̂_tran, the batched path): median wall and CPU time of cold repeats (each to a new target
+plan object, after the untimed expansion of the one before) and the best CPU time; ``warm``:
+back to back. Timed apart: the expansion to the per-primitive DAG, the reference compiler on
+prebuilt units, and validation; ``same``: the expanded DAG and L̂_tran equal the reference's;
+``plan %``: planning time as a share of the L̂_tran it plans (the goal: ≤ 1%). The exact
+scheduler (:mod:`nereus.transition.exact`, CP-SAT, time-capped) orders the same primitives subject only to each model-stage's local edges, GPU ownership, one
 primitive per GPU and model-stage, and memory at every instant — none of our resource, order or
-memory edges; it starts from our schedule as a hint. gap = our simulated makespan vs. its best
-schedule; ``gap ≤`` = ours vs. its proven lower bound (where it is not proven optimal, the most
-ours can be off). Its schedule is re-checked against the rules (:func:`check_schedule`).
+memory edges. It runs twice per row with the same cap: once from our schedule as a hint (so it
+is never worse than ours), once without (its own schedules only: what it finds alone, and
+whether it finds any). gap = our simulated makespan vs. each run's best schedule; ``gap ≤`` =
+ours vs. the better of the two proven lower bounds (where neither run is proven optimal, the
+most ours can be off). Every schedule either run returns is checked against the rules by
+:func:`~nereus.transition.schedule_check.check_schedule`, which shares no code with our
+scheduler. The cap is wall time: on a loaded machine the solver gets less CPU (``exact_cpu_s``,
+``free_cpu_s``: the CPU seconds its threads had).
 
 (b) Overlap: 100 trials per overlap type with random placements of the current and target plans
 (TP groups inside a node) and random launch timing (per model-stage start offset and per-primitive
 dispatch latency). Targets are drawn without consulting our compiler: a target it rejects is our
 failure, unless an exhaustive search of a relaxation (:mod:`nereus.transition.reachable`) proves
 that no transition exists at all — then it is excluded from both methods and counted
-(``excluded``). The per-component baseline plans each model-stage's migration alone
-(:func:`~nereus.transition.baselines.per_component_dag`) and runs it with hold-and-wait GPU
-grabbing; its deadlocks and ours are counted at the timeout. Mode "sim" here;
-mode "real" (the same three overlap types scaled to 8 MPI ranks with tiny Megatron models, the
-primitives executed over gloo) is benchmarks/transition_dag_real.py, added with ``--real N``.
+(``excluded``). Two baselines plan each model-stage's migration alone
+(:func:`~nereus.transition.baselines.per_component_dag`): the *peer* runs them the way verl's or
+Megatron's resharding would (:func:`~nereus.transition.baselines.peer_sequential_run`: one
+model-stage after the other in stage order, each release-before-acquire; it fails where a
+model-stage's turn comes while a GPU it needs is still held by one that moves later, or its
+buffers do not fit), and *independent controllers* run them concurrently, each in a random order
+of its own with hold-and-wait GPU grabbing (a DynaRL-style straw man, built to deadlock); their
+failures and ours are counted at the timeout. ``peer/ours``: the peer's time over ours on the
+trials both complete. Mode "sim" here; mode "real" (8 MPI ranks, tiny Megatron models,
+transfers over gloo) is benchmarks/transition_dag_real.py, added with ``--real N``.
 
-    python benchmarks/transition_dag.py [--json] [--quick]
+    python benchmarks/transition_dag.py [--json] [--quick] [--exact-cap-s S]
+        [--only planning|overlap] [--sizes 32,64] [--placements disjoint,co-resident]
     python benchmarks/transition_dag.py --plan-only disjoint 1024 10   # for a profiler
 """
 
@@ -60,7 +64,11 @@ from nereus.spec.hardware import H200, ClusterSpec
 from nereus.spec.model import LLAMA_3_1_8B
 from nereus.spec.plan import ExecutionPlan, StagePlan
 from nereus.spec.workflow import build_workflow
-from nereus.transition.baselines import per_component_dag, per_component_simulate
+from nereus.transition.baselines import (
+    peer_sequential_run,
+    per_component_dag,
+    per_component_simulate,
+)
 from nereus.transition.cost import durations_s, transition_cost_s
 from nereus.transition.dag import TransitionDag
 from nereus.transition.exact import exact_schedule
@@ -69,7 +77,7 @@ from nereus.transition.reachable import min_gpus, reachable
 from nereus.transition.reference.compile import compile_transition
 from nereus.transition.residency import ConflictSpec
 from nereus.transition.schedule import simulate
-from nereus.transition.semantics import check_schedule
+from nereus.transition.schedule_check import check_schedule
 from nereus.transition.validate import validate_dag
 
 GPN = 8
@@ -156,9 +164,11 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) * 1e3
 
 
-def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int) -> list[dict[str, object]]:
+def planning_rows(sizes: list[int], exact_cap_s: float, repeats: int,
+                  placements: tuple[str, ...] = ("disjoint", "co-resident")
+                  ) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    for placement in ("disjoint", "co-resident"):
+    for placement in placements:
         for n in sizes:
             rows.append(_planning_row(placement, n, exact_cap_s, repeats))
     return rows
@@ -203,15 +213,29 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
     validate_ms = (time.perf_counter() - w0) * 1e3
     dur = durations_s(dag, cluster)
     sim = simulate(dag, dur, capacity_bytes=CAP).makespan_s
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ex = exact_schedule(dag, dur, capacity_bytes=CAP, time_limit_s=exact_cap_s,
                         workers=EXACT_WORKERS)
     exact_ms = (time.perf_counter() - t0) * 1e3
+    exact_cpu_s = time.process_time() - c0  # the solver's threads: what the load left it
     found = ex.makespan_s == ex.makespan_s
-    # ours in the solver's ticks (the hint), against its best schedule and its lower bound
-    gap = (ex.hint_s - ex.makespan_s) / ex.makespan_s * 100 if found else None
-    gap_bound = (ex.hint_s - ex.bound_s) / ex.bound_s * 100 if ex.bound_s > 0 else None
+    # the same solver left to find its own schedules: no hint, the same cap
+    t0, c0 = time.perf_counter(), time.process_time()
+    free = exact_schedule(dag, dur, capacity_bytes=CAP, time_limit_s=exact_cap_s,
+                          workers=EXACT_WORKERS, hint=False)
+    free_ms = (time.perf_counter() - t0) * 1e3
+    free_cpu_s = time.process_time() - c0
+    free_found = free.makespan_s == free.makespan_s
+    ours_ticks_s = ex.hint_s  # ours in the solver's ticks
+    # the best lower bound either run proved; ours against it, and against the hint-free best
+    bounds = [b for b in (ex.bound_s, free.bound_s) if b == b and b != float("inf")]
+    bound = max(bounds) if bounds else float("nan")
+    gap = (ours_ticks_s - ex.makespan_s) / ex.makespan_s * 100 if found else None
+    gap_free = (ours_ticks_s - free.makespan_s) / free.makespan_s * 100 if free_found else None
+    gap_bound = (ours_ticks_s - bound) / bound * 100 if bound > 0 else None
     valid = found and not check_schedule(dag, ex.durations, ex.start, capacity_bytes=CAP)
+    free_valid = free_found and not check_schedule(dag, free.durations, free.start,
+                                                   capacity_bytes=CAP)
     return {
         "placement": placement, "gpus": n, "primitives": len(dag.primitives),
         "resource_edges": len(dag.resource_edges),
@@ -227,12 +251,20 @@ def _planning_row(placement: str, n: int, exact_cap_s: float, repeats: int) -> d
         "reference_cpu_best_ms": round(min(ref_cpu) * 1e3, 3),
         "validate_ms": round(validate_ms, 3),
         "plan_pct_of_tran": round(_median([p[0] for p in parts]) / (cost_s * 1e3) * 100, 4),
-        "exact_ms": round(exact_ms, 1), "exact_optimal": ex.optimal, "exact_status": ex.status,
+        "exact_cap_s": exact_cap_s,
+        "exact_ms": round(exact_ms, 1), "exact_cpu_s": round(exact_cpu_s, 1),
+        "free_cpu_s": round(free_cpu_s, 1), "exact_optimal": ex.optimal, "exact_status": ex.status,
         "exact_valid": valid,
         "cost_s": round(cost_s, 4), "ours_makespan_s": round(sim, 4),
         "exact_makespan_s": round(ex.makespan_s, 4) if found else None,
         "exact_bound_s": round(ex.bound_s, 4) if ex.bound_s == ex.bound_s else None,
         "gap_pct": None if gap is None else round(gap, 2),
+        "free_ms": round(free_ms, 1), "free_status": free.status, "free_optimal": free.optimal,
+        "free_valid": free_valid,
+        "free_makespan_s": round(free.makespan_s, 4) if free_found else None,
+        "free_bound_s": round(free.bound_s, 4) if free.bound_s == free.bound_s else None,
+        "gap_free_pct": None if gap_free is None else round(gap_free, 2),
+        "bound_s": round(bound, 4) if bound == bound else None,
         "gap_to_bound_pct": None if gap_bound is None else round(gap_bound, 2),
     }
 
@@ -317,9 +349,11 @@ def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
     for k, (name, n, cur, tgt) in enumerate(OVERLAPS):
         rng = random.Random(seed + k)
         cluster = ClusterSpec(n // GPN, GPN, H200)
-        ours_ok = base_ok = excluded = rejected = unplanned = 0
+        ours_ok = base_ok = peer_ok = excluded = rejected = unplanned = 0
         ours_t: list[float] = []
         base_t: list[float] = []
+        peer_t: list[float] = []
+        both_t: list[tuple[float, float]] = []  # (ours, peer) where both succeeded
         edges: list[int] = []
         reasons: collections.Counter[str] = collections.Counter()
         for _ in range(trials):
@@ -352,10 +386,18 @@ def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
             if trial.pc_dag is None:
                 unplanned += 1
                 base_t.append(TIMEOUT_S)
+                peer_t.append(TIMEOUT_S)
                 continue
             pc = trial.pc_dag
             pc_dur = durations_s(pc, cluster)
             pc_jitter = [rng.uniform(0, DISPATCH_JITTER_S) for _ in pc.primitives]
+            # the peer's sequential migration: the same plan, launch offsets and dispatch latency
+            p = peer_sequential_run(pc, pc_dur, launch_s=launch, delay_s=pc_jitter,
+                                    capacity_bytes=CAP, timeout_s=TIMEOUT_S)
+            peer_ok += p.success
+            peer_t.append(p.time_s)
+            if p.success and trial.dag is not None and ours_t[-1] < TIMEOUT_S:
+                both_t.append((ours_t[-1], p.time_s))
             b = per_component_simulate(pc, pc_dur, launch_s=launch, delay_s=pc_jitter,
                                        timeout_s=TIMEOUT_S, rng=rng)
             base_ok += b.success
@@ -366,19 +408,67 @@ def overlap_rows(trials: int, seed: int) -> list[dict[str, object]]:
             "ours_rejected": rejected, "baseline_unplanned": unplanned,
             "ours_success_pct": round(100 * ours_ok / ran, 1) if ran else None,
             "baseline_success_pct": round(100 * base_ok / ran, 1) if ran else None,
+            "peer_success_pct": round(100 * peer_ok / ran, 1) if ran else None,
             "ours_s": round(statistics.mean(ours_t), 3) if ours_t else None,
             "baseline_s": round(statistics.mean(base_t), 3) if base_t else None,
+            "peer_s": round(statistics.mean(peer_t), 3) if peer_t else None,
+            # where both succeeded: mean seconds of each and the peer's time over ours
+            "both_ok": len(both_t),
+            "both_ours_s": round(statistics.mean(o for o, _ in both_t), 3) if both_t else None,
+            "both_peer_s": round(statistics.mean(q for _, q in both_t), 3) if both_t else None,
+            "peer_over_ours": round(statistics.mean(q / o for o, q in both_t), 2)
+            if both_t else None,
             "edges": round(statistics.mean(edges), 2) if edges else None,
             "rejections": dict(reasons),
         })
     return rows
 
 
+def _cols(spec: str) -> tuple[tuple[str, str, int], ...]:
+    """``header:key:width ...`` (``_`` in a header prints as a space)."""
+    return tuple((h, k, int(w)) for h, k, w in (c.split(":") for c in spec.split()))
+
+
+PLANNING_COLUMNS = _cols(
+    "placement:placement:-12 GPUs:gpus:5 prims:primitives:6 res.:resource_edges:5 "
+    "mem.:memory_edges:5 same:same_as_reference:5 ours_ms:ours_ms:8 cpu_ms:ours_cpu_ms:7 "
+    "best:ours_cpu_best_ms:7 warm:ours_warm_ms:7 expand:expand_ms:7 ref_cpu:reference_cpu_ms:8 "
+    "plan_%:plan_pct_of_tran:7 L_tran_s:cost_s:9 ours_s:ours_makespan_s:8 |hint_ms:exact_ms:9 "
+    "status:exact_status:9 ok:exact_valid:5 s:exact_makespan_s:7 bound:exact_bound_s:7 "
+    "gap_%:gap_pct:6 |free_ms:free_ms:9 status:free_status:9 ok:free_valid:5 "
+    "s:free_makespan_s:7 bound:free_bound_s:7 gap_%:gap_free_pct:6 |bound_s:bound_s:9 "
+    "gap_<=:gap_to_bound_pct:7")
+OVERLAP_COLUMNS = _cols(
+    "overlap_type:type:-26 mode:mode:4 trials:trials:6 excl.:excluded:5 "
+    "ours_%:ours_success_pct:7 peer_%:peer_success_pct:7 indep._%:baseline_success_pct:8 "
+    "ours_s:ours_s:7 peer_s:peer_s:7 indep._s:baseline_s:8 both:both_ok:5 "
+    "peer/ours:peer_over_ours:9 edges:edges:6 rejected:ours_rejected:8 "
+    "unplanned:baseline_unplanned:9")
+
+
+def _table(rows: list[dict[str, object]], cols: tuple[tuple[str, str, int], ...]) -> None:
+    """Rows as a text table (a negative width: left-aligned)."""
+    def cell(text: object, w: int) -> str:
+        return f"{text!s:<{-w}}" if w < 0 else f"{text!s:>{w}}"
+
+    print(" ".join(cell(h.replace("_", " "), w) for h, _, w in cols))
+    for r in rows:
+        print(" ".join(cell(r.get(k), w) for _, k, w in cols))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and trials")
-    ap.add_argument("--exact-cap-s", type=float, default=30.0)
+    ap.add_argument("--exact-cap-s", type=float, default=30.0,
+                    help="solver time per exact run (each planning row runs it twice: with our "
+                         "schedule as a hint, and without)")
+    ap.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                    metavar="N,N,...", help="planning rows at these GPU counts only")
+    ap.add_argument("--placements", default="disjoint,co-resident",
+                    help="planning rows of these placements only (comma-separated)")
+    ap.add_argument("--only", choices=("planning", "overlap"), default=None,
+                    help="run one part only")
     ap.add_argument("--plan-only", nargs=3, metavar=("PLACEMENT", "GPUS", "REPS"),
                     help="only REPS plannings, for an external profiler (see plan_only)")
     ap.add_argument("--real", type=int, default=0, metavar="N",
@@ -388,9 +478,12 @@ def main() -> int:
     if args.plan_only:
         plan_only(args.plan_only[0], int(args.plan_only[1]), int(args.plan_only[2]))
         return 0
-    sizes = [32, 128] if args.quick else [32, 64, 128, 256, 512, 1024]
-    planning = planning_rows(sizes, args.exact_cap_s, 5 if args.quick else 21)
-    overlap = overlap_rows(10 if args.quick else 100, 20261201)
+    sizes = args.sizes or ([32, 128] if args.quick else [32, 64, 128, 256, 512, 1024])
+    placements = tuple(args.placements.split(","))
+    planning = [] if args.only == "overlap" else planning_rows(
+        sizes, args.exact_cap_s, 5 if args.quick else 21, placements)
+    overlap = [] if args.only == "planning" else overlap_rows(10 if args.quick else 100,
+                                                              20261201)
     if args.real:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from transition_dag_real import real_rows
@@ -401,27 +494,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'placement':<12} {'GPUs':>5} {'prims':>6} {'res.':>5} {'mem.':>5} {'same':>5} "
-          f"{'ours ms':>8} {'cpu ms':>7} {'best':>7} {'warm':>7} {'expand':>7} {'ref cpu':>8} "
-          f"{'plan %':>7} {'exact ms':>9} {'status':>9} {'ok':>3} {'L_tran s':>9} "
-          f"{'ours s':>8} {'exact s':>8} {'bound s':>8} {'gap %':>6} {'gap <=':>7}")
-    for r in planning:
-        print(f"{r['placement']:<12} {r['gpus']:>5} {r['primitives']:>6} {r['resource_edges']:>5} "
-              f"{r['memory_edges']:>5} {r['same_as_reference']!s:>5} {r['ours_ms']:>8} "
-              f"{r['ours_cpu_ms']:>7} {r['ours_cpu_best_ms']:>7} {r['ours_warm_ms']:>7} "
-              f"{r['expand_ms']:>7} {r['reference_cpu_ms']:>8} {r['plan_pct_of_tran']:>7} "
-              f"{r['exact_ms']:>9} {r['exact_status']:>9} {r['exact_valid']!s:>3.3} "
-              f"{r['cost_s']:>9} {r['ours_makespan_s']:>8} {r['exact_makespan_s']!s:>8} "
-              f"{r['exact_bound_s']!s:>8} {r['gap_pct']!s:>6} {r['gap_to_bound_pct']!s:>7}")
+    _table(planning, PLANNING_COLUMNS)
     print()
-    print(f"{'overlap type':<26} {'mode':>4} {'trials':>6} {'excl.':>5} {'ours %':>7} "
-          f"{'base %':>7} {'ours s':>7} {'base s':>7} {'edges':>6} {'rejected':>8} "
-          f"{'unplanned':>9}")
-    for r in overlap:
-        print(f"{r['type']:<26} {r['mode']:>4} {r['trials']:>6} {r['excluded']:>5} "
-              f"{r['ours_success_pct']!s:>7} {r['baseline_success_pct']!s:>7} "
-              f"{r['ours_s']!s:>7} {r['baseline_s']!s:>7} {r['edges']!s:>6} "
-              f"{r['ours_rejected']:>8} {r['baseline_unplanned']:>9}")
+    _table(overlap, OVERLAP_COLUMNS)
     if note:
         print("\n" + note)
     return 0

@@ -27,6 +27,8 @@ _NCCL_ENV = (
     ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
 )
 _RCCL_ENV = (*_NCCL_ENV, ("HSA_FORCE_FINE_GRAIN_PCIE", "1"))  # RCCL across nodes (ROCm docs)
+# The AMD targets a build on the node compiles the pack kernels for (setup.py: ROCM_ARCHS).
+ROCM_ARCHS = "gfx90a;gfx942"
 
 
 def _gpu_setup(env: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
@@ -76,7 +78,10 @@ TEMPLATES: dict[str, SbatchSpec] = {
         job_name="nereus-amd", launcher="openmpi", nodes=2, ntasks_per_node=8,
         gpus_per_node=8, cpus_per_task=7, time_limit="04:00:00",
         launch=_gpu_launch(8, _RCCL_ENV),
-        setup_lines=_gpu_setup(_RCCL_ENV),
+        setup_lines=(*_gpu_setup(_RCCL_ENV),
+                     "# a build here (pip install -e . --no-build-isolation) targets MI250X and "
+                     "MI300X",
+                     f'export PYTORCH_ROCM_ARCH="${{PYTORCH_ROCM_ARCH:-{ROCM_ARCHS}}}"'),
         positional=("CONFIG",),
         comment=_comment("amd.sbatch",
                          "One rank per GCD (an MI250X card is two devices): mpiexec starts 8 per",

@@ -48,15 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: str) -> str:
+    """``text`` with every character that would end a line or hide in a terminal escaped
+    (a key or value taken from a hostile input may hold ``\\r`` or ``\\x85``)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
     except InfeasiblePlanError as exc:
-        print(f"nereus: infeasible: {exc}", file=sys.stderr)
+        print(f"nereus: infeasible: {one_line(str(exc))}", file=sys.stderr)
         return 3
     except NereusError as exc:
-        print(f"nereus: error: {exc}", file=sys.stderr)
+        print(f"nereus: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nereus: interrupted", file=sys.stderr)

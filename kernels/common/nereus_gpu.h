@@ -31,6 +31,29 @@ typedef cudaError_t gpuError_t;
 #define NEREUS_GPU_DIALECT "host"
 #endif
 
+// NEREUS_LAUNCH_BOUNDS(threads, blocks): at most `threads` per block, and registers few enough
+// for `blocks` resident blocks per multiprocessor (CUDA SM, AMD compute unit). The second
+// argument of __launch_bounds__ means different things per vendor: CUDA's is the minimum
+// resident blocks per multiprocessor; HIP's (amdgpu_waves_per_eu) the minimum waves per
+// execution unit, a SIMD — a CDNA compute unit has 4, each wave is __AMDGCN_WAVEFRONT_SIZE
+// threads (64 on CDNA: MI250X gfx90a, MI300X gfx942; 32 on RDNA). So `blocks` blocks per CU
+// are ceil(blocks * threads / (4 * wave)) waves per SIMD.
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define NEREUS_WAVE_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define NEREUS_WAVE_SIZE 64  // the host pass: the attribute only has to parse
+#endif
+#define NEREUS_SIMDS_PER_CU 4
+#define NEREUS_WAVES_PER_EU(threads, blocks) \
+  (((blocks) * (threads) + NEREUS_SIMDS_PER_CU * NEREUS_WAVE_SIZE - 1) / \
+   (NEREUS_SIMDS_PER_CU * NEREUS_WAVE_SIZE))
+#define NEREUS_LAUNCH_BOUNDS(threads, blocks) \
+  __launch_bounds__(threads, NEREUS_WAVES_PER_EU(threads, blocks))
+#elif defined(__CUDACC__)
+#define NEREUS_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#endif
+
 #if NEREUS_GPU
 #define NEREUS_HD __host__ __device__ __forceinline__
 #define NEREUS_UNROLL _Pragma("unroll")

@@ -43,7 +43,8 @@
 #define NEREUS_PACK_UNROLL 4
 // Resident blocks per multiprocessor the compiler must allow: caps registers at 85 per thread
 // (nvcc 13 for sm_90 needs 72/78 for pack/unpack without spilling), so 768 threads keep 48 kB
-// of loads in flight per SM.
+// of loads in flight per SM (per CU on AMD: NEREUS_LAUNCH_BOUNDS in nereus_gpu.h turns it into
+// HIP's waves per SIMD).
 #define NEREUS_PACK_MIN_BLOCKS 3
 // Launch at most this many blocks; blocks stride over the remaining tiles.
 #define NEREUS_PACK_MAX_BLOCKS (1 << 20)

@@ -162,7 +162,7 @@ NEREUS_HD void copy_tile(const int64_t* desc, int64_t n_slices, int64_t t, uint3
 #if NEREUS_GPU
 
 template <bool Unpack>
-__global__ void __launch_bounds__(NEREUS_PACK_THREADS, NEREUS_PACK_MIN_BLOCKS)
+__global__ void NEREUS_LAUNCH_BOUNDS(NEREUS_PACK_THREADS, NEREUS_PACK_MIN_BLOCKS)
     nereus_pack_kernel(const int64_t* desc, int64_t n_slices, int64_t n_tiles) {
   for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
     nereus_pack::copy_tile<Unpack>(desc, n_slices, t, threadIdx.x, blockDim.x);

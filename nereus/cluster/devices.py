@@ -184,4 +184,6 @@ def gpu_from_inventory(devices: tuple[DetectedDevice, ...], build_vendor: str | 
                    memory_bytes=memory if memory > 0 else preset.memory_bytes,
                    peak_flops=preset.peak_flops, hbm_gbps=preset.hbm_gbps,
                    intra_node_gbps=preset.intra_node_gbps,
-                   inter_node_gbps=preset.inter_node_gbps, comm_setup_s=preset.comm_setup_s)
+                   inter_node_gbps=preset.inter_node_gbps, comm_setup_s=preset.comm_setup_s,
+                   host_link_gbps=preset.host_link_gbps,
+                   host_memory_bytes=preset.host_memory_bytes)

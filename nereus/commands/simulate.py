@@ -99,13 +99,17 @@ def write_log(writer: Any, result: Any) -> None:
             writer.log_event(r.step, "gpu-pool-change", {"from": last_pool, "to": r.pool_gpus}, time_s=r.clock_s)
         last_pool = r.pool_gpus
         if r.triggers:
-            writer.log_replan(r.step, trigger_name(r.triggers), [], {"current_step_s": r.predicted_step_s}, {})
+            options = (r.admission or {}).get("options", [])  # every target considered
+            writer.log_replan(r.step, trigger_name(r.triggers), options,
+                              {"current_step_s": r.predicted_step_s,
+                               "options_s": [o["step_s"] for o in options]}, {})
         if r.admission is not None and r.admission["path"] != "initial":
             a = r.admission
             writer.log_admission(r.step, a["admitted"], a["path"], a["reason"], a["delta_l_s"],
                                  a["transition_s"], a["horizon_steps"])
         if r.event in ("transition", "restart"):
-            writer.log_transition(r.step, {"kind": r.event}, [], 0, r.transition_s, r.transition_s, r.plan_dict)
+            writer.log_transition(r.step, {"kind": r.event, "executor": r.executor}, [], 0,
+                                  r.transition_s, r.transition_s, r.plan_dict)
         writer.log_step(r.step, step_s=r.step_s, gen_len_mean=r.gen_len, pool_gpus=r.pool_gpus,
                         wall_time_s=r.clock_s, flush=False)
     writer.flush()
@@ -129,8 +133,9 @@ def _outputs(args: argparse.Namespace) -> tuple[Any, Any]:
     """The --log and --save-calibration files, checked before anything runs."""
     from nereus.log.outputs import NewFile, check_distinct
 
-    log = NewFile(args.log, "--log") if args.log else None
-    calib = NewFile(args.save_calibration, "--save-calibration") if args.save_calibration else None
+    log = NewFile(args.log, "--log") if args.log is not None else None
+    calib = NewFile(args.save_calibration, "--save-calibration") \
+        if args.save_calibration is not None else None
     check_distinct([o for o in (log, calib) if o is not None])
     return log, calib
 
@@ -162,7 +167,7 @@ def _handler(args: argparse.Namespace) -> int:
         lengths = logged_lengths
     else:
         lengths = load_lengths(args.length_trace)
-    if args.calibration:
+    if args.calibration is not None:
         from nereus.log.calibration_store import load_calibration
 
         start = load_calibration(args.calibration)

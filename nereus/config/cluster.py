@@ -27,6 +27,8 @@ GPU_OVERRIDES: dict[str, tuple[str, float]] = {
     "intra_node_gbps": ("intra_node_gbps", 1.0),
     "inter_node_gbps": ("inter_node_gbps", 1.0),
     "comm_setup_s": ("comm_setup_s", 1.0),
+    "host_link_gbps": ("host_link_gbps", 1.0),
+    "host_memory_per_gpu_gb": ("host_memory_bytes", 1e9),
 }
 CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "host_gbps", *GPU_OVERRIDES)
 GROUP_KEYS = ("count", "gpu", "name", "gpus_per_node", "vendor", *GPU_OVERRIDES)
@@ -70,7 +72,7 @@ def _overridden(path: str, raw: Any, gpu: GpuSpec) -> GpuSpec:
         at = f.join(path, key)
         if key == "comm_setup_s":
             changes[spec_field] = f.non_negative_float(at, raw[key])
-        elif spec_field == "memory_bytes":
+        elif spec_field in ("memory_bytes", "host_memory_bytes"):
             memory_bytes = round(f.positive_float(at, raw[key], "MAX_MEMORY_GB") * factor)
             if memory_bytes < 1:
                 raise ConfigError(at, raw[key], "must be at least one byte (1e-9 GB)")

@@ -9,7 +9,8 @@ messages ``{role, content}``), ``answer_key`` (the column of the reference answe
 reward, default ``answer``; ``null``: none), ``max_prompt_len`` (tokens; longer prompts are
 dropped and counted; default and at most ``job.prompt_len``), ``seed`` (the sample order's seed;
 default ``runtime.seed``), ``tokenizer`` (a Hugging Face tokenizer folder, ``tokenizer.json`` at
-least), ``chat_template`` (true: each prompt goes through the tokenizer's chat template as a user
+least; default the actor's checkpoint folder, ``models.actor.checkpoint``, when it has one),
+``chat_template`` (true: each prompt goes through the tokenizer's chat template as a user
 message, with the generation prompt).
 
 ``reward:`` keys: ``fn`` (``gsm8k``, ``math``, ``exact`` — the built-in scorers,
@@ -47,7 +48,7 @@ DATA_SUFFIXES = (".jsonl", ".parquet")
 @dataclass(frozen=True)
 class DataOptions:
     train: str
-    tokenizer: str  # "" = the actor's checkpoint folder (when models.actor has one)
+    tokenizer: str  # "": the actor's checkpoint folder (models.actor.checkpoint)
     val: str = ""
     prompt_key: str = "prompt"
     answer_key: str | None = "answer"
@@ -95,11 +96,16 @@ def _key(path: str, value: Any) -> str:
     return value
 
 
-def parse_data(raw: Mapping[str, Any] | None, prompt_len: int, seed: int) -> DataOptions:
-    """The ``data:`` section (``None``: the built-in pattern task); ``prompt_len`` is
-    ``job.prompt_len``, ``seed`` ``runtime.seed`` (the sample order's default seed)."""
+def parse_data(raw: Mapping[str, Any] | None, prompt_len: int, seed: int,
+               actor_checkpoint: bool = False) -> DataOptions:
+    """The ``data:`` section (``None``: the built-in pattern task, read with the actor
+    checkpoint's tokenizer when ``actor_checkpoint``); ``prompt_len`` is ``job.prompt_len``,
+    ``seed`` ``runtime.seed`` (the sample order's default seed)."""
     given = raw is not None
-    raw = f.mapping("data", BUILTIN_DATA if raw is None else raw, DATA_KEYS)
+    if raw is None:
+        raw = ({k: v for k, v in BUILTIN_DATA.items() if k != "tokenizer"} if actor_checkpoint
+               else BUILTIN_DATA)
+    raw = f.mapping("data", raw, DATA_KEYS)
     if "train" not in raw:
         raise ConfigError("data.train", None, "missing: the jsonl or parquet file of prompts")
     train = _file("data.train", raw["train"])
@@ -112,9 +118,9 @@ def parse_data(raw: Mapping[str, Any] | None, prompt_len: int, seed: int) -> Dat
         raise ConfigError("data.max_prompt_len", max_len,
                           f"must be at most job.prompt_len={prompt_len} (the longest prompt the "
                           "plans hold)")
-    if given and not tokenizer:
+    if given and not tokenizer and not actor_checkpoint:
         raise ConfigError("data.tokenizer", None, "missing: a Hugging Face tokenizer folder "
-                          "(tokenizer.json at least)")
+                          "(tokenizer.json at least), or models.actor.checkpoint's")
     return DataOptions(
         train=train, tokenizer=tokenizer, val=val,
         prompt_key=_key("data.prompt_key", raw.get("prompt_key", "prompt")),

@@ -112,15 +112,18 @@ def check_lengths(
 
 CONTROLLER_KEYS = (
     "delta_len", "delta_efficiency", "gamma", "memory_headroom", "calibration_alpha",
-    "horizon_alpha",
+    "horizon_alpha", "model_error", "targets", "host_staging",
 )
-_CONTROLLER_CHECKS: dict[str, Callable[[str, Any], float]] = {
+_CONTROLLER_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "delta_len": f.positive_float,
     "delta_efficiency": f.positive_float,
     "gamma": f.non_negative_float,
     "memory_headroom": lambda p, v: f.fraction(p, v, closed_low=True, closed_high=False),
     "calibration_alpha": lambda p, v: f.fraction(p, v, closed_low=False, closed_high=True),
     "horizon_alpha": lambda p, v: f.fraction(p, v, closed_low=False, closed_high=True),
+    "model_error": lambda p, v: f.fraction(p, v, closed_low=True, closed_high=False),
+    "targets": lambda p, v: f.positive_int(p, v, "MAX_TARGETS"),
+    "host_staging": f.boolean,
 }
 
 

@@ -14,6 +14,9 @@ MAX_TRACE_BYTES = 16 << 20  # a GPU (spot, fault) or length trace (the shipped o
 MAX_CALIBRATION_BYTES = 1 << 20  # a saved calibration (JSON)
 MAX_DATA_BYTES = 16 << 30  # a prompt file (jsonl or parquet; GSM8K's train split: 4 MB)
 MAX_DATA_ROW_BYTES = 16 << 20  # one line of a jsonl prompt file
+# a checkpoint's config.json, safetensors index, generation or tokenizer config (a 405B model's
+# index is about 100 KB)
+MAX_CHECKPOINT_JSON_BYTES = 16 << 20
 
 # -- YAML documents ----------------------------------------------------------------
 MAX_YAML_DEPTH = 32  # nested mappings and lists (the examples nest 4 deep)
@@ -33,6 +36,7 @@ MAX_MEMORY_GB = 1e6  # memory of one GPU or virtual device, in GB
 MAX_TIMEOUT_S = 30 * 86_400.0  # a wall-clock limit (30 days)
 MAX_TRACE_DAYS = 36_525.0  # a fault trace's event time (100 years)
 MAX_TICK_S = 7 * 86_400.0  # a spot trace's gap between two availability samples
+MAX_TARGETS = 16  # candidate targets a replan plans transitions for (controller.targets)
 
 
 def named(name: str, value: float) -> str:

@@ -40,7 +40,9 @@ config: {...}}``: the ZeRO stage and further DeepSpeed config keys; only with
 ``train_engine: deepspeed``),
 ``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
 model-stage of step k — on a GPU a real allocation past the free memory, on a CPU rank the same
-error raised — to test that an OOM becomes an urgent replan with the step redone).
+error raised — to test that an OOM becomes an urgent replan with the step redone),
+``save_hf`` (``{dir, every, roles, max_file_gb}``: the trained actor, and the critic on request,
+exported as Hugging Face checkpoints — :mod:`nereus.config.save_hf`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any
 from nereus.config import fields as f
 from nereus.config.failures import FailureOptions, parse_failures
 from nereus.config.outputs import OUTPUT_KEYS, OutputOptions, parse_outputs
+from nereus.config.save_hf import SaveHfOptions, parse_save_hf
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
@@ -62,13 +65,19 @@ KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coe
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
         "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed",
-        *OUTPUT_KEYS)
+        "save_hf", *OUTPUT_KEYS)
 EVENT_KINDS = ("remove_node", "add_node", "drain_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
 TRAIN_ENGINES = ("megatron", "deepspeed")
 ZERO_RUN_STAGES = (1, 2)  # the stages whose partitions the live re-partition reads
 ZERO_MODEL_STAGES = ("actor-train", "critic-train")  # what train_engine: deepspeed runs
+# DeepSpeed config keys Nereus sets itself (batch, optimizer, precision): runtime.deepspeed.config
+# may not name them (nereus.engines.deepspeed_engine writes them)
+DEEPSPEED_OWNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
+                        "gradient_accumulation_steps", "managed_gradient_accumulation",
+                        "optimizer", "scheduler", "fp16", "bf16", "amp",
+                        "zero_allow_untested_optimizer")
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,14 @@ class ZeroRunOptions:
         config = raw.get("config", {})
         if not isinstance(config, Mapping):
             raise ConfigError(f.join(path, "config"), config, "must be a mapping")
+        for key, value in config.items():
+            at = f.join(f.join(path, "config"), str(key))
+            if key in DEEPSPEED_OWNED_KEYS:
+                raise ConfigError(at, value, "set by Nereus (batch, optimizer, precision): not "
+                                  "configurable")
+            if key == "zero_optimization" and (not isinstance(value, Mapping) or "stage" in value):
+                raise ConfigError(at, value, "must be a mapping without 'stage' (use "
+                                  "runtime.deepspeed.stage)")
         return ZeroRunOptions(stage, tuple(sorted((str(k), v) for k, v in config.items())))
 
 
@@ -147,6 +164,7 @@ class RunConfig:
     train_engine: str = "megatron"  # megatron | deepspeed (ZeRO units for the trainers)
     deepspeed: ZeroRunOptions = field(default_factory=ZeroRunOptions)
     outputs: OutputOptions = field(default_factory=OutputOptions)  # nereus.config.outputs
+    save_hf: SaveHfOptions = field(default_factory=SaveHfOptions)  # nereus.config.save_hf
 
     @property
     def zero_stages(self) -> tuple[str, ...]:
@@ -165,6 +183,7 @@ class RunConfig:
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
         d["failures"] = self.failures.to_dict()
         d["deepspeed"] = self.deepspeed.to_dict()
+        d["save_hf"] = self.save_hf.to_dict()
         return d
 
     @staticmethod
@@ -177,9 +196,10 @@ class RunConfig:
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
                                                    "inject_oom", "generation",
-                                                   "train_engine", "deepspeed")
+                                                   "train_engine", "deepspeed", "save_hf")
                 and k not in OUTPUT_KEYS}
         rest["outputs"] = OutputOptions.from_dict(d)
+        rest["save_hf"] = SaveHfOptions.from_dict(d.get("save_hf"))
         rest["train_engine"] = str(d.get("train_engine", "megatron"))
         rest["deepspeed"] = ZeroRunOptions.parse(d.get("deepspeed"))
         oom = d.get("inject_oom")
@@ -324,7 +344,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s),
                                    "MAX_TIMEOUT_S"),
         events=events, force_transitions=forced,
-        save_state=f.path("runtime.save_state", raw.get("save_state", "")),
+        save_state=f.optional_path("runtime", raw, "save_state"),
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
         memory_per_rank_gb=mem_gb,
         reward=_reward(raw.get("reward", "task"), setup.job.reward_model),
@@ -340,6 +360,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                               TRAIN_ENGINES),
         deepspeed=ZeroRunOptions.parse(raw.get("deepspeed")),
         outputs=parse_outputs(raw),
+        save_hf=parse_save_hf(raw.get("save_hf"), setup),
     )
     _check_zero(rc, raw, setup)
     return rc, setup

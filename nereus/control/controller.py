@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from nereus.control.admission import Admission, PlanOption, admit_opportunistic, admit_urgent
+from nereus.control.admission import (
+    Admission,
+    PlanOption,
+    admit_opportunistic,
+    admit_urgent,
+    plan_lazily,
+)
 from nereus.control.horizon import SignalHorizon
 from nereus.control.signals import EFFICIENCY_PREFIX, GEN_LEN, MEMORY, POOL, Observation
 from nereus.spec.job import ControllerSpec
@@ -33,13 +39,16 @@ class PlannerPort(Protocol):
 
     def options(self, obs: Observation, current: ExecutionPlan | None) -> Sequence[tuple[ExecutionPlan, float]]:
         """Feasible target plans with predicted step latency, fastest (S*) first; later entries
-        are slightly slower plans with cheaper transitions from ``current``."""
+        are slightly slower plans with cheaper transitions from ``current`` (a bounded number:
+        :mod:`nereus.control.options`)."""
         ...
 
     def transition(self, current: ExecutionPlan, target: ExecutionPlan
                    ) -> PlannedTransition | None:
-        """The planned transition (its DAG and L̂_tran), or None when none is executable. The
-        decision carries it from here to the ranks: nothing downstream plans it again."""
+        """The planned transition (its DAG, host-staged DAG, gather-and-reload or
+        checkpoint/restart, and L̂_tran: :func:`nereus.transition.change.plan_change`), or None
+        when none is executable. The decision carries it from here to the ranks: nothing
+        downstream plans it again."""
         ...
 
 
@@ -165,14 +174,32 @@ def controller_step(
             current_step_s=current_eval.step_s,
         )
 
+    stage_times = getattr(port, "stage_times", None)  # optional: the tie rule's finer band
     options = tuple(
         PlanOption(
             plan,
             step_s,
-            None if state.plan is None else port.transition(state.plan, plan),
+            None,
+            () if stage_times is None or state.plan is None
+            else tuple(sorted(stage_times(plan, obs).items())),
         )
         for plan, step_s in port.options(obs, state.plan)
     )
+    if urgent and state.plan is not None:
+        # The current plan cannot go on (a device refused an allocation, or the model finds it
+        # over capacity): it is no target, even where the search, whose memory model did not
+        # foresee the refusal, offers it — unless nothing else is on offer.
+        others = tuple(o for o in options if o.plan != state.plan)
+        options = others or options
+    horizon = min(
+        (horizons[t].horizon_steps for t in triggers if t in horizons),
+        default=SignalHorizon().horizon_steps,
+    )
+    if state.plan is not None:  # transitions planned where admission could choose them
+        current = state.plan
+        options = plan_lazily(options, lambda p: port.transition(current, p), urgent=urgent,
+                              current_step_s=current_eval.step_s, gamma=spec.gamma,
+                              horizon_steps=horizon, model_error=spec.model_error)
     if state.plan is None:
         admission = (
             Admission(True, "initial", "initial plan", options[0].plan)
@@ -180,13 +207,10 @@ def controller_step(
             else Admission(False, "none", "no feasible initial plan")
         )
     elif urgent:
-        admission = admit_urgent(options)
+        admission = admit_urgent(options, horizon, spec.model_error)
     else:
-        horizon = min(
-            (horizons[t].horizon_steps for t in triggers if t in horizons),
-            default=SignalHorizon().horizon_steps,
-        )
-        admission = admit_opportunistic(current_eval.step_s, options, spec.gamma, horizon)
+        admission = admit_opportunistic(current_eval.step_s, options, spec.gamma, horizon,
+                                        spec.model_error)
 
     # References reset after every replan, even when the transition is rejected.
     after = replace(

@@ -11,18 +11,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nereus.control.controller import PlanEvaluation
+from nereus.control.options import candidate_targets
 from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration
 from nereus.cost.latency import stage_latency, step_latency_s
 from nereus.cost.memory import gpu_memory, memory_capacity_bytes
 from nereus.emu.unit import emus_of_plan
-from nereus.errors import InfeasiblePlanError, TransitionError
+from nereus.errors import InfeasiblePlanError
 from nereus.plan.candidates import CostCache
 from nereus.plan.search import search_plan
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
+from nereus.transition.change import plan_change
 from nereus.transition.dag import TransitionDag
-from nereus.transition.planned import PlannedTransition, plan_transition, stage_states
+from nereus.transition.planned import PlannedTransition, stage_states
 
 
 def setup_for(setup: Setup, obs: Observation) -> Setup:
@@ -41,9 +43,14 @@ def plan_step_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> float:
         from nereus.plan.hetero import evaluate_plan
 
         return evaluate_plan(setup, plan, calib).step_s
+    return step_latency_s(setup.job.workflow, plan_stage_s(setup, plan, calib))
+
+
+def plan_stage_s(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[str, float]:
+    """Predicted seconds of every model-stage of ``plan`` (one hardware type)."""
     wf = setup.job.workflow
-    times = {sp.name: stage_latency(setup, wf.by_name(sp.name), sp.candidate, calib).total_s for sp in plan.stages}
-    return step_latency_s(wf, times)
+    return {sp.name: stage_latency(setup, wf.by_name(sp.name), sp.candidate, calib).total_s
+            for sp in plan.stages}
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,12 @@ class SearchPort:
             return PlanEvaluation(step_s, False, f"peak {peak / 1e9:.1f} GB > capacity {cap / 1e9:.1f} GB")
         return PlanEvaluation(step_s, True)
 
+    def stage_times(self, plan: ExecutionPlan, obs: Observation) -> dict[str, float]:
+        """Predicted seconds per model-stage under ``obs`` (the tie rule's band; empty on a
+        mixed cluster, where the band falls back to the whole step)."""
+        s = setup_for(self.setup, obs)
+        return {} if s.cluster.heterogeneous else plan_stage_s(s, plan, self.calib)
+
     def search(self, obs: Observation) -> tuple[ExecutionPlan, float] | None:
         s = setup_for(self.setup, obs)
         try:
@@ -92,28 +105,21 @@ class SearchPort:
         return res.plan, res.predicted_step_s
 
     def options(self, obs: Observation, current: ExecutionPlan | None) -> Sequence[tuple[ExecutionPlan, float]]:
-        out: list[tuple[ExecutionPlan, float]] = []
-        best = self.search(obs)
-        if best is not None:
-            out.append(best)
-        if current is not None and self.layouts is None:
-            # A slightly slower target with a cheaper transition: keep every model-stage's
-            # current TP/PP and re-fit only DP and placement (Extend/Destroy only).
-            keep = {sp.name: (sp.tp, sp.pp) for sp in current.stages}
-            pinned = replace(self, layouts=keep).search(obs)
-            if pinned is not None and (best is None or pinned[0] != best[0]):
-                out.append(pinned)
-        out.sort(key=lambda o: o[1])
-        return out
+        """S* and a few slower plans with cheaper transitions from ``current``
+        (:func:`nereus.control.options.candidate_targets`); S* alone when layouts are pinned."""
+        if self.layouts is not None:
+            best = self.search(obs)
+            return [] if best is None else [best]
+        return candidate_targets(lambda lay: replace(self, layouts=lay).search(obs), self.setup,
+                                 current, self.setup.job.controller.targets)
 
     def transition(self, current: ExecutionPlan, target: ExecutionPlan
                    ) -> PlannedTransition | None:
-        """:func:`nereus.transition.plan_transition` from the units of ``current`` alive on the
-        pool to ``target``; None when no DAG exists."""
+        """:func:`nereus.transition.change.plan_change` from the units of ``current`` alive on
+        the pool to ``target``: the DAG, else the host-staged DAG, else gather-and-reload,
+        else checkpoint/restart (priced, with the reason)."""
         if current == target:
             units = emus_of_plan(current, stage_states(self.setup))
             return PlannedTransition(0.0, reference=TransitionDag(units, units, (), (), ()))
-        try:
-            return plan_transition(self.setup, current, target, self.pool)
-        except TransitionError:
-            return None
+        return plan_change(self.setup, current, target, self.pool, self.calib,
+                           staging=self.setup.job.controller.host_staging)

@@ -303,8 +303,15 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
                 key = (sp.tp, sp.pp, pp_rank, tp_rank)
                 on_gpu.setdefault(gpu, []).append((ms, per_rank[pp_rank], key))
     result: dict[int, int] = {}
+    seen: dict[tuple[tuple[str, tuple[int, int, int, int]], ...], int] = {}
     for gpu in sorted(on_gpu):
         entries = on_gpu[gpu]
+        # GPUs holding the same positions of the same model-stages hold the same bytes
+        sig = tuple((ms.name, key) for ms, _, key in entries)
+        got = seen.get(sig)
+        if got is not None:
+            result[gpu] = got
+            continue
         persistent = 0
         transient: dict[str, int] = {}
         for state in sorted({ms.state for ms, _, _ in entries}):
@@ -319,5 +326,5 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
             peak_transient += max(
                 (sum(transient.get(n, 0) for n in phase) for phase in lane), default=0
             )
-        result[gpu] = persistent + peak_transient
+        result[gpu] = seen[sig] = persistent + peak_transient
     return result

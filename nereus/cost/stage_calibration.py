@@ -30,6 +30,20 @@ LINK_COMPONENTS = {"pp_p2p": (OpClass.P2P_INTRA, OpClass.P2P_INTER),
                    "dp_sync": (OpClass.ALLREDUCE_INTRA, OpClass.ALLREDUCE_INTER)}
 
 
+def classed(components: dict[str, float], inter_node: bool) -> list[tuple[OpClass, float]]:
+    """``(op class, predicted seconds)`` of each of ``components`` that has a class (the
+    pipeline bubble has none), in their order; ``inter_node``: PP and DP traffic crosses
+    nodes."""
+    out = []
+    for comp, t in components.items():
+        op = COMPONENT_CLASS.get(comp)
+        if op is None and comp in LINK_COMPONENTS:
+            op = LINK_COMPONENTS[comp][1 if inter_node else 0]
+        if op is not None:
+            out.append((op, t))
+    return out
+
+
 def stage_time_samples(
     latency: StageLatency,
     measured_s: float,
@@ -51,12 +65,7 @@ def stage_time_samples(
     idle = latency.total_s - predicted
     ratio = max(measured_s - idle, 1e-12) / predicted
     per_class: dict[OpClass, float] = {}
-    for comp, t in busy.items():
-        op = COMPONENT_CLASS.get(comp)
-        if op is None and comp in LINK_COMPONENTS:
-            op = LINK_COMPONENTS[comp][1 if inter_node else 0]
-        if op is None:
-            continue
+    for op, t in classed(busy, inter_node):
         per_class[op] = per_class.get(op, 0.0) + t
     out = []
     for op, t in sorted(per_class.items(), key=lambda kv: kv[0].value):
@@ -93,12 +102,7 @@ def stage_sample(latency: StageLatency, counts: tuple[tuple[str, float], ...], m
     stretch = (total_busy + latency.component("pp_bubble")) / total_busy if total_busy > 0 \
         else 1.0
     ideal: dict[str, float] = {}
-    for comp, t in busy.items():
-        op = COMPONENT_CLASS.get(comp)
-        if op is None and comp in LINK_COMPONENTS:
-            op = LINK_COMPONENTS[comp][1 if inter_node else 0]
-        if op is None:
-            continue
+    for op, t in classed(busy, inter_node):
         ideal[op.value] = ideal.get(op.value, 0.0) + t * stretch * calib.efficiency(gpu, op)
     return Sample(tuple(sorted(ideal.items())), tuple((k, n * contention) for k, n in counts),
                   measured_s, latency.name)

@@ -102,19 +102,22 @@ def shard_bytes(state_bytes: int, layout: Layout, replicated_bytes: int = 0) -> 
     return -(-(state_bytes - replicated_bytes) // layout.size) - (-replicated_bytes // layout.pp)
 
 
-@dataclass(frozen=True)
-class Split:
-    """One unit → k replicas of a smaller layout on the same GPUs (all-gather per block)."""
+class _InPlace:
+    """What Split and Merge share: a reshaping of one model-stage's units on the GPUs of
+    ``held`` (a Split's source, a Merge's result), which it keeps busy; it acquires and
+    releases no GPU and moves its ``flows`` over one communicator."""
 
-    src: Emu
-    into: tuple[Emu, ...]
-    state_bytes: int
-    grouping: str = "interleaved"
-    replicated_bytes: int = 0  # of state_bytes: tensors every TP rank holds whole
+    @property
+    def held(self) -> Emu:
+        raise NotImplementedError
+
+    @property
+    def flows(self) -> tuple[Flow, ...]:
+        raise NotImplementedError
 
     @property
     def model_stage(self) -> str:
-        return self.src.model_stage
+        return self.held.model_stage
 
     @property
     def acquires(self) -> frozenset[int]:
@@ -126,7 +129,7 @@ class Split:
 
     @property
     def busy_gpus(self) -> frozenset[int]:
-        return frozenset(self.src.gpus)
+        return frozenset(self.held.gpus)
 
     @property
     def comm_groups(self) -> int:
@@ -134,6 +137,21 @@ class Split:
 
     def transfers(self) -> tuple[Transfer, ...]:
         return tuple(Transfer(*f) for f in self.flows)
+
+
+@dataclass(frozen=True)
+class Split(_InPlace):
+    """One unit → k replicas of a smaller layout on the same GPUs (all-gather per block)."""
+
+    src: Emu
+    into: tuple[Emu, ...]
+    state_bytes: int
+    grouping: str = "interleaved"
+    replicated_bytes: int = 0  # of state_bytes: tensors every TP rank holds whole
+
+    @property
+    def held(self) -> Emu:
+        return self.src
 
     @cached_property
     def flows(self) -> tuple[Flow, ...]:
@@ -187,7 +205,7 @@ class Split:
 
 
 @dataclass(frozen=True)
-class Merge:
+class Merge(_InPlace):
     """k replicas → one unit of a larger layout; only the missing parts of shards are copied."""
 
     srcs: tuple[Emu, ...]
@@ -197,24 +215,8 @@ class Merge:
     replicated_bytes: int = 0  # of state_bytes: tensors every TP rank holds whole
 
     @property
-    def model_stage(self) -> str:
-        return self.into.model_stage
-
-    @property
-    def acquires(self) -> frozenset[int]:
-        return frozenset()
-
-    @property
-    def releases(self) -> frozenset[int]:
-        return frozenset()
-
-    @property
-    def busy_gpus(self) -> frozenset[int]:
-        return frozenset(self.into.gpus)
-
-    @property
-    def comm_groups(self) -> int:
-        return 1
+    def held(self) -> Emu:
+        return self.into
 
     def _sides(self) -> tuple[dict[int, Region], dict[int, Region], list[dict[int, Region]]]:
         sub = self.srcs[0].layout
@@ -222,9 +224,6 @@ class Merge:
         need = {g: region(self.into.layout, i) for i, g in enumerate(self.into.gpus)}
         holders = [{g: region(sub, i) for i, g in enumerate(u.gpus)} for u in self.srcs]
         return need, have, holders
-
-    def transfers(self) -> tuple[Transfer, ...]:
-        return tuple(Transfer(*f) for f in self.flows)
 
     @cached_property
     def flows(self) -> tuple[Flow, ...]:

@@ -5,7 +5,7 @@ with the *global* layer index (``decoder.layers.{L}.…``). Megatron's ``sharded
 reports every local tensor as boxes of such global tensors; the rules below reproduce that
 metadata (checked against real Megatron models in ``tests/ranks/test_emu_shards_megatron.py``):
 
-- column-parallel (``linear_qkv``, non-gated ``linear_fc1``, ``output_layer``): axis 0 in tp
+- column-parallel (``linear_qkv`` and its bias, non-gated ``linear_fc1``, ``output_layer``): axis 0 in tp
   contiguous chunks. The fused QKV global tensor is Megatron's own group-interleaved layout
   ``[g0: q…, k, v | g1: …]``, so tp chunks are whole query groups;
 - gated ``linear_fc1`` (SwiGLU): the global tensor is ``[gate; up]`` (2·ffn rows); tp rank r holds
@@ -91,6 +91,9 @@ def tensor_specs(spec: ModelSpec) -> tuple[TensorSpec, ...]:
         out += _norm_tensors(spec, f"{p}.input_layernorm", h, layer, "layer")
         out.append(TensorSpec(f"{p}.self_attention.linear_qkv.weight", (qkv_rows, h), COLUMN,
                               layer))
+        if spec.qkv_bias:  # Qwen2: the fused q/k/v bias, split by tp like the weight's rows
+            out.append(TensorSpec(f"{p}.self_attention.linear_qkv.bias", (qkv_rows,), COLUMN,
+                                  layer))
         if spec.qk_norm:
             out += _norm_tensors(spec, f"{p}.self_attention.q_layernorm", spec.kv_channels, layer,
                                  "layer")

@@ -113,18 +113,43 @@ def _fastest(pts: Sequence[Point], cap: tuple[int, ...]) -> list[tuple[float, tu
 
 
 def _relaxed_min(reduced: Sequence[list[tuple[float, tuple[int, ...]]]], cap: tuple[int, ...]) -> float:
-    """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound)."""
+    """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound).
+
+    The minimum over every combination (one option per model-stage within ``cap``) of the
+    largest latency. Options are tried fastest first, so a branch stops at the first option no
+    faster than the best found; on one level the last model-stage is answered by a prefix
+    minimum over its options sorted by GPUs (the fastest option within the GPUs left)."""
     best = float("inf")
+    if not reduced:
+        return 0.0
+    lists = [sorted(r) for r in reduced]
+    one = len(cap) == 1
+    if one:  # the last model-stage: fastest option with at most g GPUs, by bisection
+        by_gpus = sorted((d[0], lat) for lat, d in reduced[-1])
+        gpus = [g for g, _ in by_gpus]
+        fastest: list[float] = []
+        for _, lat in by_gpus:
+            fastest.append(min(lat, fastest[-1]) if fastest else lat)
+        lists = lists[:-1]
 
     def rec(k: int, lat: float, dem: tuple[int, ...]) -> None:
         nonlocal best
         if lat >= best:
             return
-        if k == len(reduced):
+        if k == len(lists):
+            if one:
+                i = bisect_right(gpus, cap[0] - dem[0]) - 1
+                if i < 0:
+                    return
+                lat = max(lat, fastest[i])
+                if lat >= best:
+                    return
             best = lat
             return
-        for l2, d2 in reduced[k]:
-            if len(cap) == 1:
+        for l2, d2 in lists[k]:
+            if l2 >= best:
+                break  # sorted: every later option is slower still
+            if one:
                 if dem[0] + d2[0] <= cap[0]:
                     rec(k + 1, max(lat, l2), (dem[0] + d2[0],))
                 continue

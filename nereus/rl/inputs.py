@@ -11,6 +11,7 @@ written. See :mod:`nereus.config.data` for the sections and :mod:`nereus.rl.data
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,7 +20,7 @@ from nereus.errors import ConfigError
 from nereus.rl.data.dataset import PromptSet, read_rows, tokenize
 from nereus.rl.data.identity import data_identity
 from nereus.rl.data.paths import resolve
-from nereus.rl.data.tokenizer import TextCodec, load_tokenizer, tokenizer_folder
+from nereus.rl.data.tokenizer import TextCodec, check_vocab, load_tokenizer, tokenizer_folder
 from nereus.rl.rewards.scoring import ScoreItem, Scorer, probe
 from nereus.rl.sample_order import SampleOrder
 from nereus.spec.job import Setup
@@ -45,6 +46,10 @@ class RunInputs:
         return ScoreItem(self.codec.prompt_text(row[self.options.prompt_key]), response, answer,
                          row, label)
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The ``data`` part of the job fingerprint (:mod:`nereus.config.fingerprint`)."""
+        return {"source": self.options.train, "identity": self.identity}
+
     def summary(self) -> dict[str, Any]:
         """The run log's ``data`` event: files, rows kept and dropped, prompt lengths."""
         return {"identity": self.identity, "tokenizer": self.codec.folder,
@@ -55,36 +60,26 @@ class RunInputs:
                 "sets": [p.summary() for p in (self.train, self.val) if p is not None]}
 
 
-def _check_models(codec: TextCodec, setup: Setup) -> None:
+def _check_models(codec: TextCodec, setup: Setup, checkpoints: Mapping[str, Any]) -> None:
+    """Every model embeds the ids of the run's tokenizer (the token ids reach every model as
+    they are: a critic or reward checkpoint must share the actor tokenizer's ids)."""
     for role, spec in setup.job.models:
-        if spec.vocab_size < codec.vocab_size:
-            raise ConfigError(f"models.{role}.vocab_size", spec.vocab_size,
-                              f"must be at least the {codec.vocab_size} tokens of the tokenizer "
-                              f"in {codec.folder}")
+        ck = checkpoints.get(role)
+        field = f"models.{role}" + (".checkpoint" if ck is not None else ".vocab_size")
+        check_vocab(codec, spec.vocab_size, field, ck.directory if ck is not None
+                    else spec.vocab_size)
 
 
-def _check_engine_tokens(codec: TextCodec) -> None:
-    """The generation engines stop at token id ``EOS`` and pad with ``PAD`` (of the pattern
-    task) until they take the tokenizer's ids (the checkpoint work wires EOS/PAD into them):
-    a tokenizer with other ids is refused rather than run with the wrong stop token."""
-    from nereus.rl.task import EOS, PAD
-
-    if codec.eos_ids != (EOS,) or codec.pad_id != PAD:
-        raise ConfigError(codec.field, codec.folder,
-                          f"EOS ids {list(codec.eos_ids)} and PAD id {codec.pad_id}: the "
-                          f"generation engines of this version stop at token {EOS} and pad "
-                          f"with {PAD} only")
-
-
-def load_inputs(cfg: Any, config_path: str, rc: Any, setup: Setup, *,
-                engine_tokens: bool = True) -> tuple[RunInputs, Setup]:
+def load_inputs(cfg: Any, config_path: str, rc: Any, setup: Setup) -> tuple[RunInputs, Setup]:
     """The inputs of the run configured by ``cfg`` (read from ``config_path``; ``rc`` its
-    ``RunConfig``) and the setup the runtime plans with. ``engine_tokens``: refuse a tokenizer
-    whose EOS/PAD the engines cannot use yet. The prompt files and the reward function are
-    checked before the tokenizer is loaded (transformers takes seconds to import): a bad file
-    is refused at once."""
+    ``RunConfig``) and the setup the runtime plans with. The tokenizer: ``data.tokenizer``,
+    else the actor's checkpoint folder. The prompt files and the reward function are checked
+    before the tokenizer is loaded (transformers takes seconds to import): a bad file is
+    refused at once."""
     data_raw, reward_raw = cfg.section("data"), cfg.section("reward")
-    options = parse_data(data_raw, setup.job.prompt_len, rc.seed)
+    checkpoints = dict(cfg.checkpoints)  # role → its Hugging Face checkpoint
+    actor = checkpoints.get("actor")
+    options = parse_data(data_raw, setup.job.prompt_len, rc.seed, actor is not None)
     reward = parse_reward(reward_raw, data_raw is not None)
     base = os.path.dirname(os.path.abspath(config_path))
     train_rows = read_rows(resolve(options.train, base), "data.train", options)
@@ -102,19 +97,19 @@ def load_inputs(cfg: Any, config_path: str, rc: Any, setup: Setup, *,
     if isinstance(train_rows.prompts[0], str):  # else after the chat template is loaded
         probe(scorer, ScoreItem(train_rows.prompts[0], "", answer, first, where))
     folder, field = tokenizer_folder(resolve(options.tokenizer, base) if options.tokenizer
-                                     else "")
+                                     else "", "" if actor is None else actor.directory)
     codec = load_tokenizer(folder, field, options.chat_template)
-    _check_models(codec, setup)
-    if engine_tokens:
-        _check_engine_tokens(codec)
+    _check_models(codec, setup, checkpoints)
     train = tokenize(train_rows, options, codec)
     val = None if val_rows is None else tokenize(val_rows, options, codec)
     if not isinstance(train_rows.prompts[0], str):
         probe(scorer, ScoreItem(codec.prompt_text(train_rows.prompts[0]), "", answer, first,
                                 where))
     order = SampleOrder(train.size, options.seed)
+    # data.seed left out where it is runtime.seed (the fingerprint's seed part has it)
     identity = data_identity(train.sha256, "" if val is None else val.sha256, codec.identity(),
-                             options.to_dict())
+                             {**options.to_dict(),
+                              "seed": None if options.seed == rc.seed else options.seed})
     inputs = RunInputs(options, reward, codec, train, val, scorer, order, identity)
     measured = max(train.longest, 0 if val is None else val.longest)
     return inputs, replace(setup, job=replace(setup.job, prompt_len=measured))

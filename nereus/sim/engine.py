@@ -37,15 +37,15 @@ from nereus.sim.traces import GpuTrace, LengthTrace
 from nereus.sim.truth import Truth
 from nereus.spec.hardware import OpClass
 from nereus.spec.job import Setup
-from nereus.spec.model import state_bytes_per_param
 from nereus.spec.plan import ExecutionPlan
+from nereus.transition.fallbacks import (  # noqa: F401  (re-exported for callers)
+    RESTART_BASE_S,
+    RESTART_STORAGE_GBPS,
+    checkpoint_restart_s,
+)
 
 POLICIES = ("nereus", "static", "dynarl", "every-k", "oracle")
 SAMPLES = ("stages", "ops")
-# Checkpoint/restart (when no transition DAG exists): relaunch and engine start-up, plus writing
-# and reading the whole logical state through the parallel filesystem at this rate.
-RESTART_BASE_S = 120.0
-RESTART_STORAGE_GBPS = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class StepRecord:
     plan_dict: dict[str, Any] = field(default_factory=dict, compare=False)
     triggers: tuple[str, ...] = ()
     admission: dict[str, Any] | None = None  # path, admitted, reason, delta_l_s, horizon_steps
+    executor: str = ""  # how a transition ran: "dag", "staged", "gather-reload", "restart"
 
 
 @dataclass(frozen=True)
@@ -122,12 +123,8 @@ def plan_label(plan: ExecutionPlan) -> str:
 
 
 def restart_s(setup: Setup) -> float:
-    wf = setup.job.workflow
-    state = 0
-    for ms in wf.model_stages:
-        params = setup.job.model(ms.role).num_params()
-        state += params * state_bytes_per_param(setup.job.dtype_bytes, ms.trainable)
-    return RESTART_BASE_S + 2 * state / (RESTART_STORAGE_GBPS * 1e9)
+    """Seconds of a checkpoint/restart (:func:`nereus.transition.fallbacks.checkpoint_restart_s`)."""
+    return checkpoint_restart_s(setup)
 
 
 class _Clock:
@@ -165,16 +162,18 @@ class _Clock:
 
 def _controller_outcome(
     adm: Admission | None, plan: ExecutionPlan | None, truth: Truth, step: int, restart_cost: float
-) -> tuple[str, float, ExecutionPlan | None]:
+) -> tuple[str, float, ExecutionPlan | None, str]:
+    """(event, seconds, plan after, executor) of a controller decision."""
     if adm is None:
-        return "", 0.0, plan
+        return "", 0.0, plan, ""
     if adm.admitted and adm.target is not None:
         if plan is None:
-            return "initial", 0.0, adm.target
-        if adm.path == "restart":
-            return "restart", restart_cost, adm.target
-        return "transition", truth.transition_s(adm.transition_s, step), adm.target
-    return ("rejected" if adm.path == "opportunistic" else "infeasible"), 0.0, plan
+            return "initial", 0.0, adm.target, ""
+        tr = adm.transition
+        if adm.path == "restart" or tr is None or tr.executor == "restart":
+            return "restart", restart_cost, adm.target, "restart"
+        return "transition", truth.transition_s(tr.cost_s, step), adm.target, tr.executor
+    return ("rejected" if adm.path == "opportunistic" else "infeasible"), 0.0, plan, ""
 
 
 def _baseline_outcome(
@@ -187,8 +186,10 @@ def _baseline_outcome(
     step: int,
     restart_cost: float,
     pool_changed: bool,
-) -> tuple[str, float, ExecutionPlan | None]:
-    """static, every-k and oracle: when to switch and to what."""
+) -> tuple[str, float, ExecutionPlan | None, str]:
+    """static, every-k and oracle: when to switch and to what (event, seconds, plan after,
+    executor); the transition is planned as the controller plans its own
+    (:func:`nereus.transition.change.plan_change`)."""
     current_ok = plan is not None and port.evaluate(plan, obs).feasible
     found: tuple[ExecutionPlan, float] | None = None
     if cfg.policy == "oracle":
@@ -201,16 +202,16 @@ def _baseline_outcome(
         if found is None and layouts is not None:
             found = port.search(obs)  # the fixed layouts no longer fit at all
     if found is None or found[0] == plan:
-        return "", 0.0, plan
+        return "", 0.0, plan, ""
     target = found[0]
     if plan is None:
-        return "initial", 0.0, target
+        return "initial", 0.0, target, ""
     if cfg.policy == "oracle":
-        return "transition", 0.0, target
+        return "transition", 0.0, target, "free"
     planned = port.transition(plan, target)
-    if planned is None:
-        return "restart", restart_cost, target
-    return "transition", truth.transition_s(planned.cost_s, step), target
+    if planned is None or planned.executor == "restart":
+        return "restart", restart_cost, target, "restart"
+    return "transition", truth.transition_s(planned.cost_s, step), target, planned.executor
 
 
 def _calibrated(
@@ -281,10 +282,12 @@ def simulate(
                         "path": adm.path, "admitted": adm.admitted, "reason": adm.reason,
                         "delta_l_s": adm.delta_l_s, "transition_s": adm.transition_s,
                         "horizon_steps": adm.horizon_steps,
+                        "options": [o.to_dict() for o in adm.options],
                     }
-                event, trans_s, new_plan = _controller_outcome(adm, plan, truth, step, restart_cost)
+                event, trans_s, new_plan, executor = _controller_outcome(
+                    adm, plan, truth, step, restart_cost)
             else:
-                event, trans_s, new_plan = _baseline_outcome(
+                event, trans_s, new_plan, executor = _baseline_outcome(
                     cfg, port, obs, plan, layouts, truth, step, restart_cost, pool != last_pool
                 )
                 if event == "initial" and cfg.policy == "static" and new_plan is not None:
@@ -305,7 +308,7 @@ def simulate(
         records.append(StepRecord(
             step, clock.t_s, len(pool), lp.mean, step_s, predicted, trans_s, event,
             plan_label(plan), max(g for sp in plan.stages for g in sp.gpus),
-            plan.to_dict() if event else {}, triggers, adm_row,
+            plan.to_dict() if event else {}, triggers, adm_row, executor,
         ))
         clock.t_s += trans_s + step_s
         calib = _calibrated(cfg, calib, s_now, plan, measured, truth, step, spec.calibration_alpha)

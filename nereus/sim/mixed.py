@@ -5,8 +5,10 @@ type, the first ``trace_t(t)`` GPUs of that type's nodes. Each step: read the po
 policy decide (and pay for) a transition; run the step. Step and transition times come from the
 cost model itself, with each replica on its own type (:func:`nereus.plan.hetero.evaluate_plan`,
 the "true" calibration given) and transitions from the same DAG compiler (every transfer between
-vendors on the host transport's link class); a transition without a DAG is a checkpoint/restart
-(:func:`nereus.sim.engine.restart_s`). Policies:
+vendors on the host transport's link class), planned as the controller plans its own
+(:func:`nereus.transition.change.plan_change`: the DAG, else host-staged, else gather-and-reload
+at its predicted cost); one that only a checkpoint/restart can make costs
+:func:`nereus.sim.engine.restart_s`. Policies:
 
 - ``vendor-aware``: the controller of §2.1 (``controller_step``) over the vendor-aware planner;
 - ``fast-only``: the best plan on one type alone (its GPUs of the pool, that type's own cost), re-planned
@@ -27,7 +29,7 @@ from nereus.control.controller import ControllerState, controller_step
 from nereus.control.planner_port import SearchPort
 from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration
-from nereus.errors import ConfigError, InfeasiblePlanError, TransitionError
+from nereus.errors import ConfigError, InfeasiblePlanError
 from nereus.plan.hetero import evaluate_plan
 from nereus.plan.search import search_plan
 from nereus.sim.engine import plan_label, restart_s
@@ -35,7 +37,7 @@ from nereus.sim.traces import GpuTrace
 from nereus.spec.hardware import GpuSpec
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
-from nereus.transition import plan_transition
+from nereus.transition.change import plan_change
 
 MIXED_POLICIES = ("vendor-aware", "fast-only", "vendor-blind")
 
@@ -171,11 +173,11 @@ def simulate_mixed(setup: Setup, traces: Mapping[str, GpuTrace], steps: int, pol
             if plan is None:
                 event = "initial"
             else:
-                try:
-                    trans_s = plan_transition(setup, plan, target, pool, calib).cost_s
-                    event = "transition"
-                except TransitionError:
+                planned = plan_change(setup, plan, target, pool, calib)  # as the controller
+                if planned.executor == "restart":
                     trans_s, event = restart_cost, "restart"
+                else:
+                    trans_s, event = planned.cost_s, "transition"
             plan = target
         assert plan is not None
         cost = evaluate_plan(setup, plan, calib)

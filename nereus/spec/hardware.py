@@ -42,6 +42,12 @@ class GpuSpec:
     intra_node_gbps: float  # NVLink / Infinity Fabric (CPU: loopback)
     inter_node_gbps: float  # InfiniBand / Slingshot (CPU: loopback TCP)
     comm_setup_s: float = 0.05  # creating one communicator (NCCL/RCCL/gloo) for a transition
+    # Host staging (a transition's old shards parked in pinned host memory, DESIGN.md §2.3):
+    # pinned host↔device copy bandwidth per device (GB/s, one direction), and the pinned host
+    # memory one device's rank may fill (half of the node's DRAM per device: the rest is the
+    # job's own, data loaders, the OS).
+    host_link_gbps: float = 25.0
+    host_memory_bytes: int = 64 * 10**9
     # The vendor a CPU virtual device plays in a heterogeneous job run on CPU ranks
     # (``cluster.nodes[i].vendor``): its pairs with the other label are cross-vendor pairs.
     label: str = ""
@@ -53,37 +59,44 @@ class GpuSpec:
         return self.label or self.vendor
 
 
-H200 = GpuSpec(
+H200 = GpuSpec(  # host: 55 GB/s pinned copies measured on the H200; DGX H200 2 TB / 8 GPUs
     name="h200", vendor="nvidia", memory_bytes=141 * 10**9, peak_flops=989.5e12,
     hbm_gbps=4800.0, intra_node_gbps=450.0, inter_node_gbps=50.0,
+    host_link_gbps=55.0, host_memory_bytes=128 * 10**9,
 )
-A100_64GB = GpuSpec(
+A100_64GB = GpuSpec(  # host: PCIe 4.0 x16; CINECA Leonardo booster: 512 GB DDR4 / 4 GPUs
     name="a100-64gb", vendor="nvidia", memory_bytes=64 * 10**9, peak_flops=312e12,
     hbm_gbps=2039.0, intra_node_gbps=300.0, inter_node_gbps=25.0,
+    host_link_gbps=25.0, host_memory_bytes=64 * 10**9,
 )
 # Datasheet figures (data/SOURCES.md): dense bf16 peak, HBM bandwidth, unidirectional NVLink /
 # Infinity Fabric per device, one 200 / 400 Gb/s NIC per GPU.
 A100_80GB = GpuSpec(  # NVIDIA A100 80GB SXM: 312 TFLOP/s, 2,039 GB/s, NVLink 600 GB/s bidirectional
     name="a100-80gb", vendor="nvidia", memory_bytes=80 * 10**9, peak_flops=312e12,
     hbm_gbps=2039.0, intra_node_gbps=300.0, inter_node_gbps=25.0,
+    host_link_gbps=25.0, host_memory_bytes=128 * 10**9,  # PCIe 4.0; DGX A100 2 TB / 8
 )
 H100_80GB = GpuSpec(  # NVIDIA H100 SXM 80GB: 989.4 TFLOP/s, 3.35 TB/s, NVLink 900 GB/s bidirectional
     name="h100-80gb", vendor="nvidia", memory_bytes=80 * 10**9, peak_flops=989.4e12,
     hbm_gbps=3350.0, intra_node_gbps=450.0, inter_node_gbps=50.0,
+    host_link_gbps=55.0, host_memory_bytes=128 * 10**9,  # PCIe 5.0 as the H200; DGX H100 2 TB
 )
 MI300X = GpuSpec(  # AMD Instinct MI300X: 1,307.4 TFLOP/s, 5.3 TB/s, 7 xGMI links x 64 GB/s
     name="mi300x", vendor="amd", memory_bytes=192 * 10**9, peak_flops=1307.4e12,
     hbm_gbps=5300.0, intra_node_gbps=448.0, inter_node_gbps=50.0,
+    host_link_gbps=55.0, host_memory_bytes=128 * 10**9,  # PCIe 5.0 x16; 2 TB / 8 GPUs
 )
 # One Graphics Compute Die of an MI250X (each card is two GCDs, each its own device).
 MI250X_GCD = GpuSpec(
     name="mi250x-gcd", vendor="amd", memory_bytes=64 * 10**9, peak_flops=191.5e12,
     hbm_gbps=1638.0, intra_node_gbps=100.0, inter_node_gbps=25.0,
+    host_link_gbps=36.0, host_memory_bytes=32 * 10**9,  # Frontier: 36 GB/s CPU link per GCD, 512 GB / 8
 )
 # A CPU rank under gloo playing one GPU; its capacity is set per run.
 CPU_VIRTUAL = GpuSpec(
     name="cpu", vendor="cpu", memory_bytes=2 * 10**9, peak_flops=50e9,
     hbm_gbps=10.0, intra_node_gbps=2.0, inter_node_gbps=1.0, comm_setup_s=0.015,
+    host_link_gbps=5.0, host_memory_bytes=4 * 10**9,  # a memcpy into another buffer
 )
 
 GPU_PRESETS: dict[str, GpuSpec] = {

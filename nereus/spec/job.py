@@ -19,6 +19,11 @@ class ControllerSpec:
     memory_headroom: float = 0.10  # feasible iff peak ≤ (1 - headroom) · capacity
     calibration_alpha: float = 0.5  # EMA weight of a new calibration sample
     horizon_alpha: float = 0.5  # EMA weight of a new interval between threshold crossings
+    # targets whose predicted step times differ by less than this (relative) are a tie: the
+    # cheaper transition wins (the cost model's error: MAPE 5% on out-of-sample plans)
+    model_error: float = 0.05
+    targets: int = 4  # candidate targets a replan plans transitions for (S* and cheaper ones)
+    host_staging: bool = True  # stage model-stages through host memory where no DAG order fits
 
 
 PIPELINE_SPLITS = ("even", "uneven")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 
 class Stage(str, Enum):
@@ -103,6 +103,7 @@ class Workflow:
         return tuple(seen)
 
 
+@lru_cache(maxsize=64)  # a frozen record: one per job shape (the planner asks for it often)
 def build_workflow(
     algorithm: str,
     mode: str = "sync",

@@ -13,6 +13,8 @@ The public entry is :func:`plan_transition` (the one function the controller cal
   for simulated and real execution), ``wire.py`` (the DAG as plain data for the control plane),
   ``baselines.py`` (per-component migration), ``semantics.py`` (the rules every schedule of
   the primitives obeys), ``exact.py`` (the exact scheduler under those rules only),
+  ``schedule_check.py`` (a timed schedule checked against those rules by interval arithmetic,
+  sharing no code with the scheduler or ``semantics.py``),
   ``reachable.py`` (a proof that no transition exists).
 
 The primitives themselves are :mod:`nereus.emu.primitives`.

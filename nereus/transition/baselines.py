@@ -1,10 +1,22 @@
-"""The per-component migration baseline in the same harness (the exact scheduler is :mod:`exact`).
+"""The per-component migration baselines in the same harness (the exact scheduler is :mod:`exact`).
 
-Per-component (DynaRL-style): every model-stage runs its own local DAG alone — no resource edges,
-no global order. Its controller starts at its launch time and runs its primitives one at a time in
-an order of its own (a random linear extension of its local DAG); an Extend acquires its target
-GPUs one by one as they become free and holds them while it waits for the rest (hold-and-wait).
-Components that wait on each other never progress: the run fails at the timeout.
+Both plan each model-stage's migration alone (:func:`per_component_dag`) and differ in how they
+run it:
+
+- *sequential* (:func:`peer_sequential`, what a peer framework runs: verl's and Megatron's
+  resharding move one model at a time): the model-stages migrate one after the other in stage
+  order (gen → inf → train, then by name), each running its own migration
+  release-before-acquire (its Destroys before its Extends, wherever its own data dependencies
+  allow) with its primitives concurrent where its own dependencies allow; nothing of another
+  model-stage runs meanwhile. It fails when a model-stage's turn comes and a GPU it must acquire
+  is still held by a model-stage that migrates later (or its buffers do not fit): the run stops
+  there, as a peer's reshard would.
+- *independent controllers* (:func:`per_component_simulate`, DynaRL-style): every model-stage
+  runs its own local DAG alone — no resource edges, no global order. Its controller starts at
+  its launch time and runs its primitives one at a time in an order of its own (a random linear
+  extension of its local DAG); an Extend acquires its target GPUs one by one as they become
+  free and holds them while it waits for the rest (hold-and-wait). Components that wait on each
+  other never progress: the run fails at the timeout.
 
 Its plan is its own: :func:`per_component_dag` compiles each model-stage's migration alone, as
 if no other model-stage existed (no GPU another one holds is known to it, no resource edge), and
@@ -14,15 +26,18 @@ puts the local DAGs side by side; nothing of our global compiler is consulted.
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nereus.emu.primitives import Destroy, Extend, StateSizer, produced
+from nereus.emu.primitives import Destroy, Extend, StateSizer, consumed, produced
 from nereus.emu.unit import Emu
 from nereus.errors import TransitionError
 from nereus.transition.dag import TransitionDag
+from nereus.transition.graph import default_stage_rank
 from nereus.transition.reference.compile import compile_transition
+from nereus.transition.schedule import simulate
 
 
 @dataclass(frozen=True)
@@ -160,3 +175,90 @@ def per_component_dag(
         sizes += part.state_bytes
     return TransitionDag(tuple(source), tuple(target), tuple(prims), tuple(edges),
                          tuple(order), tuple(t_sub), None, tuple(sizes))
+
+
+def peer_sequential(pc: TransitionDag, stage_rank: Mapping[str, int] | None = None
+                    ) -> TransitionDag:
+    """``pc`` (:func:`per_component_dag`) as a peer runs it: model-stages one after the other
+    (``stage_rank``, default gen → inf → train, then by name), each release-before-acquire —
+    an Extend that copies a unit its own model-stage then destroys copies a replica that stays
+    instead (when there is one), and each of its Destroys precedes each of its Extends that it
+    does not depend on — and every primitive of a model-stage after every primitive of the one
+    before."""
+    rank = stage_rank or {}
+    prims = list(pc.primitives)
+    edges = set(pc.edges)
+    made: dict[Emu, int] = dict.fromkeys(pc.source, -1)
+    eaten: set[Emu] = set()
+    for i, p in enumerate(prims):
+        for u in produced(p):
+            made[u] = i
+        eaten |= set(consumed(p))
+    kept = [(u, j) for u, j in made.items() if u not in eaten]
+
+    def reaches(a: int, b: int) -> bool:
+        succs: dict[int, list[int]] = {}
+        for x, y, _ in edges:
+            succs.setdefault(x, []).append(y)
+        seen, todo = {a}, [a]
+        while todo:
+            for j in succs.get(todo.pop(), ()):
+                if j == b:
+                    return True
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return False
+
+    for i, p in enumerate(prims):  # copy from a replica that stays, not from one to be freed
+        if not isinstance(p, Extend) or p.src not in eaten:
+            continue
+        stay = next(((u, j) for u, j in kept if u.model_stage == p.model_stage
+                     and u.state == p.src.state and u.layout == p.src.layout
+                     and not set(u.gpus) & set(p.new.gpus) and (j < 0 or not reaches(i, j))),
+                    None)
+        if stay is None:
+            continue
+        old_src = p.src
+        prims[i] = Extend(stay[0], p.new, p.state_bytes, p.replicated_bytes)
+        edges = {(a, b, k) for a, b, k in edges if not (a == i and k == "data"
+                                                         and old_src in consumed(prims[b]))}
+        if stay[1] >= 0:
+            edges.add((stay[1], i, "data"))
+    by_stage: dict[str, list[int]] = {}
+    for i, p in enumerate(prims):
+        by_stage.setdefault(p.model_stage, []).append(i)
+    for idxs in by_stage.values():
+        for d in (i for i in idxs if isinstance(prims[i], Destroy)):
+            for e in (i for i in idxs if isinstance(prims[i], Extend)):
+                if not reaches(e, d):
+                    edges.add((d, e, "order"))
+    names = sorted(by_stage, key=lambda m: (rank.get(m, default_stage_rank(m)), m))
+    for before, after in itertools.pairwise(names):
+        edges |= {(a, b, "resource") for a in by_stage[before] for b in by_stage[after]}
+    order = tuple(i for m in names for i in by_stage[m])
+    return TransitionDag(pc.source, pc.target, tuple(prims), tuple(sorted(edges)), order,
+                         pc.t_sub, pc.conflicts, pc.state_bytes, pc.replicated_bytes)
+
+
+def peer_sequential_run(
+    pc: TransitionDag,
+    durations_s: Sequence[float],
+    *,
+    launch_s: Mapping[str, float] | None = None,
+    delay_s: Sequence[float] | None = None,
+    capacity_bytes: int | Mapping[int, int] | None = None,
+    timeout_s: float = float("inf"),
+) -> BaselineRun:
+    """Run ``pc`` as :func:`peer_sequential` orders it, on the runtime's scheduler core (a
+    model-stage's primitives no earlier than its launch, each after its dispatch delay)."""
+    seq = peer_sequential(pc)
+    gate = [(launch_s or {}).get(p.model_stage, 0.0) for p in seq.primitives]
+    try:
+        res = simulate(seq, durations_s, delay_s=delay_s, not_before_s=gate,
+                       capacity_bytes=capacity_bytes)
+    except TransitionError as e:
+        return BaselineRun(False, timeout_s, f"stuck: {e}")
+    if res.makespan_s > timeout_s:
+        return BaselineRun(False, timeout_s, "timeout")
+    return BaselineRun(True, res.makespan_s)

@@ -14,16 +14,19 @@ from typing import Any
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.dag import TransitionDag
 from nereus.transition.planned import PlannedTransition
-from nereus.transition.wire import dag_from_wire, dag_to_wire
+from nereus.transition.staged import StagedTransition
+from nereus.transition.wire import dag_from_wire, dag_to_wire, staged_from_wire, staged_to_wire
 
 
 @dataclass(frozen=True)
 class PlanChangeOrder:
     """What rank 0 sends every rank when the plan changes at a boundary, in one message: the
     target plan, the pool it runs on, why (``kind``: urgent / opportunistic / forced), and how —
-    the transition DAG, or (``dag`` None) why the state is gathered and reloaded instead.
-    ``predicted_s`` is L̂_tran of that same planned transition; ``compilations`` how often rank 0
-    planned it (once: the decision carries it from admission to the ranks)."""
+    the transition DAG, the host-staged transition (``staged``: some model-stages parked in host
+    memory around the DAG of the others), or (``dag`` and ``staged`` None) why the state is
+    gathered and reloaded instead. ``predicted_s`` is L̂_tran of that same planned transition;
+    ``compilations`` how often rank 0 planned it (once: the decision carries it from admission
+    to the ranks)."""
 
     target: ExecutionPlan
     pool: tuple[int, ...]
@@ -32,23 +35,28 @@ class PlanChangeOrder:
     dag: TransitionDag | None
     reason: str = ""
     compilations: int = 1
+    staged: StagedTransition | None = None
 
     @staticmethod
     def of(target: ExecutionPlan, pool: Sequence[int], kind: str, planned: PlannedTransition,
            compilations: int) -> PlanChangeOrder:
         dag = planned.dag if planned.executor == "dag" else None
-        return PlanChangeOrder(target, tuple(pool), kind, planned.cost_s, dag,
-                               planned.restart_reason, compilations)
+        reason = planned.staged.reason if planned.staged is not None else planned.restart_reason
+        return PlanChangeOrder(target, tuple(pool), kind, planned.cost_s, dag, reason,
+                               compilations, planned.staged)
 
     def to_wire(self) -> dict[str, Any]:
         return {"plan": self.target.to_dict(), "pool": list(self.pool), "kind": self.kind,
                 "predicted_s": self.predicted_s,
                 "dag": None if self.dag is None else dag_to_wire(self.dag),
-                "reason": self.reason, "compilations": self.compilations}
+                "reason": self.reason, "compilations": self.compilations,
+                "staged": None if self.staged is None else staged_to_wire(self.staged)}
 
     @staticmethod
     def from_wire(d: dict[str, Any]) -> PlanChangeOrder:
+        staged = d.get("staged")
         return PlanChangeOrder(ExecutionPlan.from_dict(d["plan"]), tuple(int(g) for g in d["pool"]),
                                str(d["kind"]), float(d["predicted_s"]),
                                None if d["dag"] is None else dag_from_wire(d["dag"]),
-                               str(d["reason"]), int(d["compilations"]))
+                               str(d["reason"]), int(d["compilations"]),
+                               None if staged is None else staged_from_wire(staged))

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
 from nereus.cost.calibration import Calibration
 from nereus.emu.primitives import StateSizer, model_replicated_sizer, model_state_sizer
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.job import Setup
+from nereus.spec.job import JobSpec, Setup
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.batched.assemble import BatchedDag, expand
 from nereus.transition.batched.blocks import DESTROY
@@ -35,30 +36,52 @@ from nereus.transition.graph import longest_path
 from nereus.transition.reference.compile import compile_transition
 from nereus.transition.residency import ConflictSpec
 
+if TYPE_CHECKING:
+    from nereus.transition.staged import StagedTransition
+
+EXECUTORS = ("dag", "staged", "gather-reload", "restart")
+
 
 @dataclass(frozen=True)
 class PlannedTransition:
     """A compiled transition and its L̂_tran on the cluster it was planned for.
 
-    Exactly one of ``batched`` (the batched path's arrays) and ``reference`` (the reference
-    compiler's DAG) is set; :attr:`dag` is the per-primitive DAG either way (equal to what the
-    reference compiler returns), built on first use."""
+    A DAG: exactly one of ``batched`` (the batched path's arrays) and ``reference`` (the
+    reference compiler's DAG) is set; :attr:`dag` is the per-primitive DAG either way (equal to
+    what the reference compiler returns), built on first use. A host-staged change
+    (``staged``, :mod:`nereus.transition.staged`): some model-stages' state parked in host
+    memory around the DAG of the others. No DAG at all (``restart_reason``): gather-and-reload
+    in process, or (``checkpoint``) a checkpoint/restart (:mod:`nereus.transition.fallbacks`)."""
 
     cost_s: float
     batched: BatchedDag | None = None
     reference: TransitionDag | None = None
     restart_reason: str = ""  # no DAG: the runtime gathers and reloads the state (cost_s: that)
+    staged: StagedTransition | None = None
+    checkpoint: bool = False  # no DAG and no gather-and-reload: checkpoint/restart
 
     @staticmethod
     def restart(cost_s: float, reason: str) -> PlannedTransition:
-        """No DAG exists (``reason``): the change runs as an in-process checkpoint/restart,
+        """No DAG exists (``reason``): the change runs as an in-process gather-and-reload,
         estimated at ``cost_s``."""
         return PlannedTransition(cost_s, restart_reason=reason or "no transition DAG")
 
+    @staticmethod
+    def checkpoint_restart(cost_s: float, reason: str) -> PlannedTransition:
+        """Neither a DAG nor gather-and-reload can run (``reason``): checkpoint and restart."""
+        return PlannedTransition(cost_s, restart_reason=reason or "no transition DAG",
+                                 checkpoint=True)
+
     @property
     def executor(self) -> str:
-        """``"dag"`` (the DAG's primitives run on the ranks) or ``"gather-reload"``."""
-        return "gather-reload" if self.restart_reason else "dag"
+        """One of :data:`EXECUTORS`: ``"dag"`` (the DAG's primitives run on the ranks),
+        ``"staged"`` (host-staged: :mod:`nereus.transition.staged`), ``"gather-reload"`` or
+        ``"restart"`` (checkpoint/restart)."""
+        if self.staged is not None:
+            return "staged"
+        if self.restart_reason:
+            return "restart" if self.checkpoint else "gather-reload"
+        return "dag"
 
     @property
     def path(self) -> str:
@@ -69,7 +92,10 @@ class PlannedTransition:
 
     @cached_property
     def dag(self) -> TransitionDag:
-        """The per-primitive DAG (TransitionError for a restart: there is none)."""
+        """The per-primitive DAG (a staged change: that of the model-stages not staged;
+        TransitionError for a restart: there is none)."""
+        if self.staged is not None:
+            return self.staged.rest.dag
         if self.batched is not None:
             return expand(self.batched)
         if self.reference is None:
@@ -153,6 +179,18 @@ def plan_plans(
         conflicts=conflicts, replicated=replicated), cluster, calib)
 
 
+@lru_cache(maxsize=32)
+def job_sizers(job: JobSpec) -> tuple[StateSizer, StateSizer]:
+    """(state bytes, TP-replicated bytes) per model-stage of ``job`` (one pair per job: the
+    replicated part walks every tensor of the model, and the controller plans many
+    transitions of one job)."""
+    wf = job.workflow
+    models = {ms.name: job.model(ms.role) for ms in wf.model_stages}
+    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
+    return (model_state_sizer(models, trainable, job.dtype_bytes),
+            model_replicated_sizer(models, trainable, job.dtype_bytes))
+
+
 def stage_states(setup: Setup) -> dict[str, str]:
     """Logical state per model-stage for the DAG: each model-stage's units are replicas of one
     state (actor-gen holds weights only, actor-train weights and optimizer: distinct states)."""
@@ -169,10 +207,7 @@ def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
     Raises TransitionError when no DAG exists — including when every replica of some
     model-stage was lost (its state must come from a checkpoint)."""
     wf = setup.job.workflow
-    models = {ms.name: setup.job.model(ms.role) for ms in wf.model_stages}
-    trainable = {ms.name: ms.trainable for ms in wf.model_stages}
-    sizer = model_state_sizer(models, trainable, setup.job.dtype_bytes)
-    replicated = model_replicated_sizer(models, trainable, setup.job.dtype_bytes)
+    sizer, replicated = job_sizers(setup.job)
     alive = None if pool is None else set(pool)
     lost = sorted(sp.name for sp in current.stages
                   if not any(alive is None or alive.issuperset(r) for r in sp.replicas))

@@ -92,6 +92,11 @@ class Scheduler:
             self._bytes[g] -= b
 
     @property
+    def bytes_now(self) -> dict[int, int]:
+        """GPU → bytes of its live units' shards and its running primitives' buffers now."""
+        return dict(self._bytes)
+
+    @property
     def done(self) -> bool:
         return self._done == len(self.dag.primitives)
 

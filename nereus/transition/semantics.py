@@ -19,8 +19,8 @@ none of which is an edge our global compiler added:
   capacity. A unit lives from the end of the primitive that makes it (or the beginning) to the
   end of the one that consumes it (or the end).
 
-:func:`check_schedule` verifies a schedule (start ticks, integer durations) against these rules by
-replaying it through the runtime's own ready-set bookkeeping with only the local edges kept.
+:func:`nereus.transition.schedule_check.check_schedule` verifies a timed schedule against these
+rules by interval arithmetic of its own (it shares no code with this module or :mod:`schedule`).
 """
 
 from __future__ import annotations
@@ -145,57 +145,3 @@ def tight_gpus(dag: TransitionDag, capacity_bytes: int | Mapping[int, int] | Non
             raise_level(levels, u.model_stage, dict.fromkeys(u.gpus, dag.unit_bytes(u)))
     return sorted({g for g, _ in excess_gpus(levels, dag.exclusion, capacity_bytes,
                                              reserved_bytes)})
-
-
-def check_schedule(
-    dag: TransitionDag,
-    durations: Sequence[int],
-    start: Sequence[int],
-    *,
-    capacity_bytes: int | Mapping[int, int] | None = None,
-    reserved_bytes: Mapping[int, int] | None = None,
-) -> list[str]:
-    """Violations of the rules above by the schedule ``start`` (integer ticks; primitive ``i``
-    runs over ``[start[i], start[i] + durations[i])``); empty when it is valid.
-
-    Replays the schedule in time order through :class:`~nereus.transition.schedule.Scheduler`
-    over the DAG with only its local edges: at each instant the primitives ending then complete
-    first, then those starting then start (a zero-length primitive completes at its start).
-    """
-    from nereus.transition.schedule import Scheduler
-
-    n = len(dag.primitives)
-    if len(start) != n or len(durations) != n:
-        return [f"{len(start)} starts and {len(durations)} durations for {n} primitives"]
-    bad: list[str] = []
-    local = dag.without(tuple(k for k in ("resource", "order", "memory")))
-    sched = Scheduler(local, capacity_bytes=capacity_bytes, reserved_bytes=reserved_bytes)
-    end = [start[i] + durations[i] for i in range(n)]
-    for a, b in semantic_edges(dag):
-        if start[b] < end[a]:
-            bad.append(f"primitive {b} starts at {start[b]} before {a} ends at {end[a]}")
-    by_start: dict[int, list[int]] = {}
-    for i in range(n):
-        by_start.setdefault(start[i], []).append(i)
-    for t in sorted(set(start) | set(end)):
-        todo = by_start.get(t, [])
-        progress = True
-        while progress:
-            progress = False
-            for i in sorted(sched.running):
-                if end[i] <= t:
-                    sched.complete(i)
-                    progress = True
-            for i in list(todo):
-                if sched.can_start(i):
-                    sched.start(i)
-                    todo.remove(i)
-                    progress = True
-        if todo:
-            p = dag.primitives[todo[0]]
-            bad.append(f"{type(p).__name__} #{todo[0]} of {p.model_stage} cannot start at {t}: "
-                       "an unfinished local predecessor, a GPU held or busy, or memory")
-            return bad
-    if not sched.done:
-        bad.append("the schedule does not run every primitive")
-    return bad

@@ -1,4 +1,5 @@
-"""A transition DAG as plain data for the MPI control plane, and back (effectful shell).
+"""A transition DAG (or a host-staged transition) as plain data for the MPI control plane, and
+back (effectful shell).
 
 Rank 0 compiles the DAG (pure core) and broadcasts it in a ``dag`` message; every rank decodes
 the same frozen :class:`~nereus.transition.dag.TransitionDag` and drives it. The encoding walks
@@ -10,12 +11,15 @@ primitive ``{"P": kind, "f": {field: value}}``, every other sequence a list (tup
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nereus.emu.primitives import Destroy, Extend, Merge, Split
 from nereus.emu.unit import Emu, Layout
 from nereus.errors import CommunicationError
 from nereus.transition.dag import TransitionDag
+
+if TYPE_CHECKING:
+    from nereus.transition.staged import StagedTransition
 
 _KINDS: dict[str, type] = {"split": Split, "merge": Merge, "extend": Extend, "destroy": Destroy}
 _NAMES = {v: k for k, v in _KINDS.items()}
@@ -62,3 +66,25 @@ def dag_from_wire(d: Any) -> TransitionDag:
     if not isinstance(d, dict):
         raise CommunicationError(f"dag wire: not a DAG record: {type(d).__name__}")
     return TransitionDag(**{k: _dec(v) for k, v in d.items()})
+
+
+def staged_to_wire(st: StagedTransition) -> dict[str, Any]:
+    """A host-staged transition as plain data: its host stages, the rest's DAG and costs."""
+    return {"stages": [{f.name: _enc(getattr(h, f.name)) for f in dataclasses.fields(h)}
+                       for h in st.stages],
+            "dag": dag_to_wire(st.rest.dag), "rest_s": st.rest.cost_s,
+            "offload_s": st.offload_s, "reload_s": st.reload_s,
+            "host_bytes": [list(x) for x in st.host_bytes], "reason": st.reason}
+
+
+def staged_from_wire(d: Any) -> StagedTransition:
+    from nereus.transition.planned import PlannedTransition
+    from nereus.transition.staged import HostStage, StagedTransition
+
+    if not isinstance(d, dict) or not isinstance(d.get("stages"), list):
+        raise CommunicationError("staged wire: not a staged-transition record")
+    stages = tuple(HostStage(**{k: _dec(v) for k, v in h.items()}) for h in d["stages"])
+    rest = PlannedTransition(float(d["rest_s"]), reference=dag_from_wire(d["dag"]))
+    return StagedTransition(stages, rest, float(d["offload_s"]), float(d["reload_s"]),
+                            tuple((int(g), int(b)) for g, b in d["host_bytes"]),
+                            str(d["reason"]))

@@ -48,6 +48,45 @@ def _run(tmp: Path, name: str, cluster: str, runtime: str) -> dict[str, Any]:
     return out
 
 
+def _same_groups_on_gpus(cfg: Path, placements: list[dict[str, Any]],
+                         plans: list[dict[str, Any]]) -> None:
+    """On CPU ranks every group is ``host`` whatever the labels, so the log above cannot tell
+    whether the vendor rule holds. The run's own transition (re-planned from its logged plans:
+    the same primitives, hence the same pairs of ranks) on the run's placements made real —
+    each rank on a GPU of its label's vendor — through the runtime's chooser: every pair and
+    every primitive's group within one vendor takes the device transport, across vendors the
+    staged host one; this transition has pairs that cross."""
+    from nereus.cluster.devices import cpu_choice
+    from nereus.cluster.transport import DEVICE, HOST, RankPlacement
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.runtime.execution.device import RankDevice
+    from nereus.spec.plan import ExecutionPlan
+    from nereus.transition import plan_transition
+
+    on_gpus = tuple(RankPlacement(p["rank"], p["node"], "cuda", p["vendor"],
+                                  f"{p['vendor']}:{p['rank']}")
+                    for p in sorted(placements, key=lambda p: p["rank"]))
+    vendor = {p.rank: p.vendor for p in on_gpus}
+    dev = RankDevice(cpu_choice("re-checking the run's groups"), on_gpus, 0)
+    loaded = load_config(str(cfg))
+    _, setup = parse_runtime(loaded.section("runtime"), loaded.setup, ranks=len(on_gpus))
+    planned = plan_transition(setup, ExecutionPlan.from_dict(plans[0]),
+                              ExecutionPlan.from_dict(plans[1]))
+    kinds = set()
+    for p in planned.dag.primitives:
+        pairs = {(a, b) for a, b, _ in p.flows if a != b}
+        for a, b in pairs:
+            assert dev.transport((a, b)) == (DEVICE if vendor[a] == vendor[b] else HOST), (p, a, b)
+        members = {g for pair in pairs for g in pair}
+        if members:
+            one = len({vendor[g] for g in members}) == 1
+            assert dev.transport(members) == (DEVICE if one else HOST), p
+            assert dev.label(members).endswith(CROSS_VENDOR) == (not one), p
+            kinds.add(one)
+    assert False in kinds, "the run's transition moves state between the labels"
+
+
 def _labels_of(plan: dict[str, Any], vendor: dict[int, str]) -> dict[str, set[str]]:
     return {sp["name"]: {vendor[g] for rep in sp["replicas"] for g in rep}
             for sp in plan["stages"]}
@@ -95,6 +134,7 @@ def test_generation_and_training_on_two_labels_cross_through_the_host_transport(
     crossing = {k: n for k, n in dag["transports"].items() if k.endswith(CROSS_VENDOR)}
     assert crossing and all(k.startswith("host:") for k in crossing), dag["transports"]
     assert not any(k.startswith("device:") for k in dag["transports"]), dag["transports"]
+    _same_groups_on_gpus(tmp_path / "hetero.yaml", placements, plans)
     # Each label calibrated on its own model-stages, under its own hardware name.
     assert {str(h) for h in run.tables["efficiencies"]["hardware"]} == {"cpu-nvidia", "cpu-amd"}
     # Training equals the run on one label.

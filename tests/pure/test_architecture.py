@@ -17,11 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PURE = ("spec", "config", "cost", "plan", "emu", "transition", "control")
 # The stated exceptions: the config loader parses YAML (DESIGN.md §5: "YAML loading and
-# validation ... pure + file read"); the exact references (the ``solver`` extra) import their
+# validation ... pure + file read") and reads the headers of a checkpoint's safetensors files
+# (names, dtypes, shapes: never the weights) through the safetensors library; the exact references (the ``solver`` extra) import their
 # solver inside the function: an off-the-shelf MILP for plan search (SciPy's HiGHS) and
 # constraint programming for transition scheduling (OR-Tools CP-SAT).
 ALLOWED = {("nereus/config/load.py", "yaml"), ("nereus/plan/milp.py", "scipy"),
-           ("nereus/transition/exact.py", "ortools")}
+           ("nereus/transition/exact.py", "ortools"),
+           ("nereus/config/checkpoint_files.py", "safetensors")}
 
 
 def _modules(*parts: str) -> list[Path]:
@@ -72,7 +74,8 @@ def test_one_family_of_primitive_records() -> None:
 
 def test_only_the_controller_ranks_port_plans_transitions_in_the_runtime() -> None:
     planners = {"plan_transition", "plan_plans", "plan_units", "compile_transition",
-                "compile_plans", "batched_plans", "batched_units"}
+                "compile_plans", "batched_plans", "batched_units", "plan_change",
+                "plan_staged", "fallback_transition"}
     found = []
     for path in _modules("nereus/runtime", "nereus/engines", "nereus/rl", "nereus/log"):
         for module, names, line in _imports(path):

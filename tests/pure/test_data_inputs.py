@@ -82,11 +82,11 @@ def test_eos_pad_and_decoding(hf_dir: Path, tmp_path: Path) -> None:
     assert codec.eos_ids == (im_end,) and codec.pad_id == pad
     ids = codec.encode("The answer is 72")[-4:]
     resp = [*ids, im_end, *ids, pad]  # text after the first EOS is not the response
-    assert codec.response_ids(resp) == [*ids, im_end]
+    assert codec.response_ids(resp) == ids
     assert codec.decode(codec.response_ids(resp)) == codec.tokenizer.decode(ids)
-    # a checkpoint folder's generation_config.json adds its EOS ids
-    other = write_tokenizer(tmp_path / "ckpt", generation_eos=[im_end, pad])
-    assert load_tokenizer(str(other), "models.actor.checkpoint", False).eos_ids == (im_end, pad)
+    # a checkpoint folder's generation_config.json names its EOS ids first
+    other = write_tokenizer(tmp_path / "ckpt", generation_eos=[pad, im_end])
+    assert load_tokenizer(str(other), "models.actor.checkpoint", False).eos_ids == (pad, im_end)
 
 
 def test_tokenizer_errors(hf_dir: Path, tmp_path: Path) -> None:
@@ -382,10 +382,92 @@ def test_jsonl_and_parquet_runs_take_the_same_padded_batches(tmp_path: Path) -> 
         assert setup.job.prompt_len == 5  # the longest prompt planned, not job.prompt_len
         inp = StepInputs(setup, rc, inputs)
         batches.append([prompt_batch(inp, step) for step in range(10)])  # 40 prompts: 2 epochs
-    for (rows_a, a), (rows_b, b) in zip(*batches, strict=True):
+    for (rows_a, a, valid_a), (rows_b, b, valid_b) in zip(*batches, strict=True):
         assert np.array_equal(rows_a, rows_b) and torch.equal(a, b)
-    taken = np.concatenate([r for r, _ in batches[0]])
+        assert torch.equal(valid_a, valid_b) and torch.equal(valid_a, a != 0)  # PAD 0 masked
+    taken = np.concatenate([r for r, _, _ in batches[0]])
     assert sorted(taken[:30].tolist()) == list(range(30))
     first = batches[0][0][1]
     assert first.shape == (4, 5) and bool((first[:, -1] == 2).all())  # left-padded: ":" last
     assert bool((first[:, 0] == 0).any())  # a 2-letter pattern's prompt padded with PAD 0
+
+
+def _checkpoint_job(tmp_path: Path, ck: Path, data: str, models: str = "") -> Any:
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.rl.inputs import load_inputs
+
+    cfg_path = tmp_path / "job.yaml"
+    cfg_path.write_text(
+        "job: {algorithm: grpo, global_batch: 4, samples_per_prompt: 2, prompt_len: 128, "
+        "gen_len: 8, reward_model: false, dtype_bytes: 4}\n"
+        f"models: {{actor: {{checkpoint: {ck}}}{models}}}\n"
+        "cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\n" + data)
+    cfg = load_config(str(cfg_path))
+    rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup)
+    return load_inputs(cfg, str(cfg_path), rc, setup)[0]
+
+
+def test_the_tokenizer_is_the_actor_checkpoints_when_the_data_names_none(tmp_path: Path) -> None:
+    from support.hf_checkpoints import checkpoint
+    from support.paths import REPO
+    from transformers import AutoTokenizer
+
+    ck = checkpoint("qwen2")  # what python -m nereus.tools.tiny_checkpoint DIR writes
+    gsm8k = REPO / "tests" / "data" / "gsm8k" / "train.jsonl"
+    inputs = _checkpoint_job(tmp_path, ck, f"data: {{train: {gsm8k}, prompt_key: question, "
+                             "chat_template: true}\nreward: {fn: gsm8k}\n")
+    codec = inputs.codec
+    assert (codec.folder, codec.field) == (str(ck), "models.actor.checkpoint")
+    ref = AutoTokenizer.from_pretrained(str(ck))
+    question = json.loads(gsm8k.read_text().splitlines()[0])["question"]
+    assert inputs.train.prompt_ids(0).tolist() == list(ref.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True,
+        return_dict=False))
+    # EOS from the checkpoint's generation config (<|im_end|>, then <|endoftext|>), PAD from
+    # its tokenizer: the ids the engines stop at and pad with, and the export writes
+    end, text_end = (ref.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    assert codec.special.eos_ids == (end, text_end) and codec.special.pad_id == text_end
+    # without a data section: the pattern task's prompts through the checkpoint's tokenizer
+    pattern = _checkpoint_job(tmp_path, ck, "")
+    assert pattern.codec.folder == str(ck) and pattern.reward.fn.endswith(":pattern_reward")
+    assert pattern.train.prompt_ids(0).tolist() == ref(pattern.train.rows[0]["prompt"])[
+        "input_ids"]
+    # data.tokenizer, when given, is the run's tokenizer
+    own = _checkpoint_job(tmp_path, ck, f"data: {{train: {gsm8k}, prompt_key: question, "
+                          "tokenizer: 'nereus:pattern'}\nreward: {fn: gsm8k}\n")
+    assert own.codec.field == "data.tokenizer" and own.codec.vocab_size == 8
+    # every model embeds the run's token ids: a smaller reference is refused, named
+    with pytest.raises(ConfigError, match="cannot embed them") as e:
+        _checkpoint_job(tmp_path, ck, "", ", reference: {preset: tiny-gpt, vocab_size: 64}")
+    assert e.value.field == "models.reference.vocab_size"
+
+
+def test_the_job_fingerprint_names_the_data(tmp_path: Path) -> None:
+    """A resumed run continues only a checkpoint of the same data: the fingerprint's data part
+    changes with the prompt file's bytes and an explicit data.seed, not with runtime.seed."""
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.rl.inputs import load_inputs
+    from nereus.runtime.failures.resume_check import run_fingerprint
+
+    def fingerprint(rows: list[dict[str, Any]], data: str = "", seed: int = 0) -> Any:
+        _jsonl(tmp_path / "p.jsonl", rows)
+        path = tmp_path / "job.yaml"
+        path.write_text(
+            "job: {algorithm: grpo, global_batch: 4, samples_per_prompt: 2, prompt_len: 8, "
+            "gen_len: 8, reward_model: false}\n"
+            "models: {actor: {preset: tiny-gpt, vocab_size: 8}}\n"
+            "cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\n"
+            f"data: {{train: p.jsonl, tokenizer: 'nereus:pattern'{data}}}\n"
+            f"reward: {{fn: exact}}\nruntime: {{seed: {seed}}}\n")
+        cfg = load_config(str(path))
+        rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup)
+        return run_fingerprint(cfg, rc, load_inputs(cfg, str(path), rc, setup)[0].fingerprint())
+
+    rows = [{"prompt": "ab:", "answer": "ab"}, {"prompt": "cde:", "answer": "cde"}]
+    base = fingerprint(rows)
+    assert dict(base.parts)["data"].startswith('{"identity":"') and base == fingerprint(rows)
+    assert "data.identity" in fingerprint(rows[::-1]).differences(base)
+    assert "data.identity" in fingerprint(rows, ", seed: 7").differences(base)
+    assert fingerprint(rows, seed=3).differences(base) == "seed 0 (this config: 3)"

@@ -1,6 +1,9 @@
 """Hypothesis over the config loader and the command line: whatever the input, nereus ends with
-exit status 0, 2 or 3; for 2 and 3, exactly one line on stderr and no traceback; and a failed
-command leaves nothing behind (its working folder unchanged).
+exit status 0, 2 or 3 within ``CASE_LIMIT_S`` (an alarm ends a case that hangs); for 2 and 3,
+exactly one line on stderr and no traceback; and a failed command leaves nothing behind (its
+working folder unchanged). A value outside its field's range as docs/config.md states it
+(:mod:`support.documented_ranges` reads the range from the page) must end in exit 2 and a line
+naming the field — exit 0 is no longer accepted for it.
 
 Three generators: the tiny example config with hostile values written into its fields (and
 unknown keys added), raw YAML-ish text (anchors, aliases, tags, brackets), and command lines
@@ -16,7 +19,9 @@ import contextlib
 import copy
 import io
 import os
+import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.bad_inputs import SPOT, snapshot
+from support.bad_inputs import CORPUS, SPOT, snapshot
+from support.documented_ranges import Field, documented_fields, in_range, out_of_range
 from support.paths import REPO as ROOT
 
 import nereus.commands.run as run_command
@@ -63,11 +69,32 @@ def _leaf_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]
 
 
 PATHS = _leaf_paths(BASE)
+DOCUMENTED = documented_fields()
+CASE_LIMIT_S = 20.0  # one command on a shared 2-core machine; a case past it is a hang
+
+
+class Hang(Exception):
+    pass
+
+
+def _out_of_range(doc: Any) -> list[Field]:
+    """The documented fields whose value in ``doc`` lies outside their documented range."""
+    out = []
+    for f in DOCUMENTED:
+        node = doc
+        for key in f.path:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            if not in_range(f, node):
+                out.append(f)
+    return out
 
 
 def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> None:
     for key in path[:-1]:
-        doc = doc[key]
+        doc = doc.setdefault(key, {}) if isinstance(doc, dict) else doc[key]
     doc[path[-1]] = value
 
 
@@ -91,20 +118,56 @@ def _launch_disabled() -> None:
     raise run_command.LaunchError("launch disabled in this test")
 
 
-def _call(argv: list[str], work: Path) -> None:
-    """Run one command; check the exit status, stderr and that a failure left nothing."""
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang(f"still running after {CASE_LIMIT_S} s")
+
+
+def _call(argv: list[str], work: Path, *, refused: bool = False,
+          names: tuple[str, ...] = ()) -> None:
+    """Run one command; check the exit status, stderr, the time it took and that a failure
+    left nothing. ``refused``: the status must be 2 (a value outside its documented range);
+    ``names``: and the line must name one of these fields."""
     before = snapshot(work)
     out, err = io.StringIO(), io.StringIO()
-    with (mock.patch.object(run_command, "_mpiexec_ok", _launch_disabled),
-          contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)):
-        rc = main(argv)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, CASE_LIMIT_S)
+    t0 = time.monotonic()
+    try:
+        with (mock.patch.object(run_command, "_mpiexec_ok", _launch_disabled),
+              contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)):
+            rc = main(argv)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    took = time.monotonic() - t0
     text = err.getvalue()
+    assert took < CASE_LIMIT_S, (argv, took)
     assert rc in (0, 2, 3), (argv, rc, text)
     assert "Traceback" not in text, (argv, text)
+    if refused or names:
+        assert rc == 2, (argv, names, rc, text)
+    if names:
+        assert any(f"error: {n}=" in text or f"error: {n}." in text for n in names), \
+            (argv, names, text)
     if rc != 0:
         assert len(text.splitlines()) == 1, (argv, text)
         assert text.startswith("nereus: "), (argv, text)
         assert snapshot(work) == before, argv
+
+
+def _config_commands(doc: Any, work: Path, *, named: bool = False) -> None:
+    """``config check``, ``plan`` and ``run`` of ``doc``: each command that reads a field whose
+    value lies outside its documented range exits 2 (``config check`` and ``plan`` pass the
+    runtime section through; ``nereus run`` reads every section); ``named``: and its line names
+    that field (when nothing else in ``doc`` is broken: the first broken rule is reported)."""
+    bad = [f.name for f in _out_of_range(doc)]
+    core = tuple(n for n in bad if not n.startswith("runtime."))
+    (work / "job.yaml").write_text(yaml.safe_dump(doc))
+    for argv, fields in ((["config", "check", "job.yaml"], core),
+                         (["plan", "job.yaml", "--json"], core),
+                         (["run", "job.yaml", "--log", "run.h5", "--timeout-s", "30"],
+                          tuple(bad))):
+        _call(argv, work, refused=bool(fields), names=fields if named else ())
 
 
 @SETTINGS
@@ -124,10 +187,77 @@ def test_config_fields_with_hostile_values(changes: list[tuple[tuple[Any, ...], 
         else:
             doc[section] = keys
     with _in_folder() as work:
-        (work / "job.yaml").write_text(yaml.safe_dump(doc))
-        _call(["config", "check", "job.yaml"], work)
-        _call(["plan", "job.yaml", "--json"], work)
-        _call(["run", "job.yaml", "--log", "run.h5", "--timeout-s", "30"], work)
+        _config_commands(doc, work)
+
+
+@SETTINGS
+@given(st.sampled_from(DOCUMENTED).flatmap(
+    lambda f: st.tuples(st.just(f), st.sampled_from(out_of_range(f)))))
+def test_a_value_outside_its_documented_range_exits_2_naming_the_field(
+        case: tuple[Field, Any]) -> None:
+    """One field of the tiny example (or of its runtime section) set to a value its row of
+    docs/config.md rules out: every command that reads it refuses it with exit 2 in one line
+    naming it, within the time bound."""
+    field, value = case
+    doc = copy.deepcopy(BASE)
+    _replace(doc, field.path, value)
+    assert [f.name for f in _out_of_range(doc)] == [field.name]
+    with _in_folder() as work:
+        _config_commands(doc, work, named=True)
+
+
+def test_every_documented_range_refuses_every_value_outside_it() -> None:
+    """Every field and every out-of-range value of the table (the sample above also runs
+    ``plan``): ``config check`` refuses each one outside the runtime section, ``nereus run``
+    each one inside it, with exit 2 and a line naming the field."""
+    with _in_folder() as work:
+        for field in DOCUMENTED:
+            argv = (["run", "job.yaml", "--log", "run.h5"] if field.path[0] == "runtime"
+                    else ["config", "check", "job.yaml"])
+            for value in out_of_range(field):
+                doc = copy.deepcopy(BASE)
+                _replace(doc, field.path, value)
+                (work / "job.yaml").write_text(yaml.safe_dump(doc))
+                _call(argv, work, names=(field.name,))
+
+
+def test_the_documented_ranges_come_from_the_docs() -> None:
+    """The table the tests above use is read from docs/config.md, and it covers every section
+    (a parser that finds nothing would make them vacuous)."""
+    kinds = {f.name: f.kind for f in DOCUMENTED}
+    assert len(kinds) >= 40
+    assert {f.path[0] for f in DOCUMENTED} == {"job", "models", "cluster", "controller",
+                                               "runtime"}
+    assert kinds["controller.memory_headroom"] == "num[0,1)"
+    assert kinds["controller.horizon_alpha"] == "num(0,1]"
+    assert kinds["job.gen_len_p95"] == "int>=0" and kinds["job.global_batch"] == "int>0"
+    assert kinds["cluster.comm_setup_s"] == "num>=0" and kinds["models.reward.qk_norm"] == "bool"
+    assert kinds["runtime.failures.relaunch_wait_s"] == "num>=0"
+    assert {f.name: f.choices for f in DOCUMENTED}["job.algorithm"] == ("ppo", "grpo", "remax")
+    assert all(not in_range(f, v) for f in DOCUMENTED for v in out_of_range(f))
+    assert _out_of_range(BASE) == []  # the example itself is inside every range
+
+
+def test_a_key_that_breaks_the_line_is_shown_escaped() -> None:
+    """Found by the fuzz test above: an unknown key holding a carriage return made the one
+    error line two; every character that would end a line is now shown escaped."""
+    doc = copy.deepcopy(BASE)
+    for key in ("\r", "a\nb", "\x85", "\u2028"):
+        doc["job"] = {key: None}
+        with _in_folder() as work:
+            (work / "job.yaml").write_text(yaml.safe_dump(doc))
+            _call(["config", "check", "job.yaml"], work, refused=True)
+
+
+def test_the_readme_counts_the_bad_input_corpus_as_the_manifest_holds_it() -> None:
+    """README's count of bad-input cases is the manifest's (both read here, so the test stays
+    right as the corpus grows)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    said = re.findall(r"bad-input corpus of ([\d,]+) cases", readme)
+    cases = yaml.safe_load((CORPUS / "manifest.yaml").read_text())["cases"]
+    assert said and {int(n.replace(",", "")) for n in said} == {len(cases)}, (said, len(cases))
 
 
 YAML_PIECES = st.sampled_from([

@@ -63,3 +63,16 @@ def test_the_ranks_mpiexec_starts_take_one_gpu_each(build: str, vendor: str,
         assert (c.kind, c.vendor, c.index, c.shared) == ("cuda", vendor, local, False)
         seen.add(c.device_id)
     assert len(seen) == 8  # one GPU per rank, none shared
+
+
+def test_amd_template_builds_for_the_rocm_archs_setup_py_names() -> None:
+    """slurm/amd.sbatch exports PYTORCH_ROCM_ARCH (unless the user set it): setup.py's default
+    targets, MI250X and MI300X — a build on the node compiles the kernels for both."""
+    from support.paths import REPO
+
+    setup_archs = re.search(r'^ROCM_ARCHS = "([^"]+)"', (REPO / "setup.py").read_text(), re.M)
+    assert setup_archs is not None and set(setup_archs.group(1).split(";")) == {"gfx90a",
+                                                                               "gfx942"}
+    text = render_templates()["amd.sbatch"]
+    assert f'export PYTORCH_ROCM_ARCH="${{PYTORCH_ROCM_ARCH:-{setup_archs.group(1)}}}"' in text
+    assert "PYTORCH_ROCM_ARCH" not in render_templates()["nvidia.sbatch"]

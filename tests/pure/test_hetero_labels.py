@@ -94,3 +94,46 @@ def test_a_capacity_drop_lowers_the_types_that_ran_out_only() -> None:
     assert [t.name for t in low.types] == ["cpu-nvidia", "cpu-amd"]
     one = parse_config({**LABELLED, "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu": "cpu"}})
     assert one.setup.cluster.with_capacity((3,), 7).gpu.memory_bytes == 7
+
+
+def _gpu_ranks() -> tuple[RankPlacement, ...]:
+    """The hetero run's layout (tests/mpi/test_hetero_run.py) on real GPUs: ranks 0 and 1 on
+    NVIDIA GPUs of node a, ranks 2 and 3 on AMD GPUs of node b, one GPU each."""
+    return (RankPlacement(0, "a", "cuda", "nvidia", "nvidia:0"),
+            RankPlacement(1, "a", "cuda", "nvidia", "nvidia:1"),
+            RankPlacement(2, "b", "cuda", "amd", "amd:0"),
+            RankPlacement(3, "b", "cuda", "amd", "amd:1"))
+
+
+def test_gpu_ranks_of_two_vendors_use_the_device_transport_within_a_vendor_and_host_across(
+        ) -> None:
+    """Every group of 2–4 of the ranks, through the chooser the runtime asks for every unit
+    and transition group (``RankDevice``: ``group_transport``): NCCL within NVIDIA, RCCL within
+    AMD, the staged host transport as soon as the group spans both vendors. (On CPU ranks every
+    group is ``host`` whatever the labels: this is where the vendor rule decides.)"""
+    import itertools
+
+    from nereus.cluster.devices import cpu_choice
+    from nereus.cluster.transport import DEVICE, group_transport
+    from nereus.runtime.execution.device import RankDevice
+
+    placed = _gpu_ranks()
+    for a, b in itertools.combinations(placed, 2):
+        assert pair_transport(a, b) == (DEVICE if a.vendor == b.vendor else HOST), (a, b)
+    dev = RankDevice(cpu_choice("a test of the transport choice"), placed, 0)
+    seen = set()
+    for k in (2, 3, 4):
+        for members in itertools.combinations(range(4), k):
+            vendors = {placed[m].vendor for m in members}
+            one = len(vendors) == 1
+            assert group_transport(members, placed) == (DEVICE if one else HOST), members
+            assert dev.backend(members) == ("nccl" if one else "gloo"), members
+            assert dev.staged(members) == (not one), members
+            want = ({"nvidia": "device:nccl", "amd": "device:rccl"}[vendors.pop()] if one
+                    else "host:gloo-staged" + CROSS_VENDOR)
+            assert dev.label(members) == want, members
+            seen.add(want)
+    assert seen == {"device:nccl", "device:rccl", "host:gloo-staged" + CROSS_VENDOR}
+    # the same ranks as CPU ranks labelled as vendors (what tests/mpi runs): host everywhere
+    cpu = tuple(RankPlacement(p.rank, p.node, "cpu", p.vendor, "") for p in placed)
+    assert {group_transport(m, cpu) for m in ((0, 1), (2, 3), (1, 2))} == {HOST}

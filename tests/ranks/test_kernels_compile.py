@@ -61,6 +61,56 @@ def test_hip_kernels_compile_for_gfx90a(tmp_path: Path) -> None:
     assert b"gfx90a" in blob, "the object carries no gfx90a code object"
 
 
+def test_cuda_launch_bounds_are_threads_and_blocks_per_sm(cuda_build: Path) -> None:
+    """CUDA's __launch_bounds__(threads, blocks): .maxntid and .minnctapersm in the PTX."""
+    ptx = "".join(p.read_text() for p in cuda_build.glob("*.ptx"))
+    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 3" in ptx
+
+
+def _hip_device_ir(arch: str, out: Path) -> str:
+    env = {**os.environ, "HIP_PLATFORM": "amd"}
+    assert HIPCC is not None
+    _run([HIPCC, f"--offload-arch={arch}", "--cuda-device-only", "-emit-llvm", "-S", "-O3",
+          "-I", str(KERNELS), str(KERNELS / "hip" / "pack.hip"), "-o", str(out)], env=env)
+    return out.read_text()
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc not on PATH (apt-get install hipcc)")
+@pytest.mark.parametrize("arch,wave,waves_per_eu", [("gfx90a", 64, 3), ("gfx1030", 32, 6)])
+def test_hip_launch_bounds_mean_the_same_blocks_per_cu(tmp_path: Path, arch: str, wave: int,
+                                                       waves_per_eu: int) -> None:
+    """HIP's second __launch_bounds__ argument is waves per SIMD (amdgpu-waves-per-eu), not
+    CUDA's blocks per multiprocessor: 3 blocks of 256 threads per compute unit (4 SIMDs) are
+    3 waves per SIMD on wave64 CDNA (MI250X) and 6 on wave32 RDNA."""
+    ir = _hip_device_ir(arch, tmp_path / f"pack_{arch}.ll")
+    assert '"amdgpu-flat-work-group-size"="1,256"' in ir
+    assert f'"amdgpu-waves-per-eu"="{waves_per_eu}"' in ir
+    assert waves_per_eu == -(-3 * 256 // (4 * wave))
+
+
+def _rocm_archs() -> list[str]:
+    m = re.search(r'^ROCM_ARCHS = "([^"]+)"', (REPO / "setup.py").read_text(), re.M)
+    assert m is not None
+    return m.group(1).split(";")
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc not on PATH (apt-get install hipcc)")
+@pytest.mark.parametrize("arch", _rocm_archs())
+def test_hip_kernels_compile_for_the_default_rocm_archs(tmp_path: Path, arch: str) -> None:
+    """setup.py's default PYTORCH_ROCM_ARCH (slurm/amd.sbatch's too): each target compiles, or
+    is skipped when this hipcc predates it (Debian's 5.2.3 knows gfx90a, not gfx942)."""
+    env = {**os.environ, "HIP_PLATFORM": "amd"}
+    assert HIPCC is not None
+    out = tmp_path / f"pack_{arch}.o"
+    proc = subprocess.run([HIPCC, f"--offload-arch={arch}", "-O3", "-Werror", "-I",
+                           str(KERNELS), "-c", str(KERNELS / "hip" / "pack.hip"), "-o",
+                           str(out)], capture_output=True, text=True, timeout=300, env=env)
+    if proc.returncode != 0 and f"invalid target ID '{arch}'" in proc.stderr:
+        pytest.skip(f"this hipcc does not know {arch}: {proc.stderr.strip().splitlines()[0]}")
+    assert proc.returncode == 0, proc.stderr
+    assert arch.encode() in out.read_bytes()
+
+
 def _cudart_dir() -> Path | None:
     if NVCC is None:
         return None

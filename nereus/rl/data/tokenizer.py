@@ -2,32 +2,34 @@
 with transformers (``AutoTokenizer``; a folder holding only ``tokenizer.json`` is read as a
 ``PreTrainedTokenizerFast``), its chat template, EOS and PAD.
 
-EOS ids: the tokenizer's ``eos_token`` and every ``eos_token_id`` of a ``generation_config.json``
-in the same folder (a checkpoint folder has one); PAD: the tokenizer's ``pad_token``, else its
-first EOS (as verl and TRL do). A prompt is a string (encoded with the tokenizer's own special
+EOS, PAD and BOS ids: by the one rule of :func:`nereus.rl.tokens.special_tokens_of`, from the
+tokenizer and the folder's ``generation_config.json`` and ``config.json`` (a checkpoint folder
+has both). A prompt is a string (encoded with the tokenizer's own special
 tokens, e.g. a BOS) or, with ``data.chat_template: true``, goes through the chat template as
 ``[{"role": "user", "content": prompt}]`` (a list of messages as it is) with the generation
 prompt — the ids ``AutoTokenizer.apply_chat_template(..., add_generation_prompt=True)`` gives. A
-response is decoded from its ids up to and including its first EOS, special tokens skipped (what
+response is decoded from its ids up to its first EOS, special tokens skipped (what
 verl and OpenRLHF hand their reward functions).
 
-Where the tokenizer comes from: ``data.tokenizer``; a model's checkpoint folder is the other
-source (:func:`tokenizer_folder`, the seam for ``models.actor.checkpoint``).
+Where the tokenizer comes from: ``data.tokenizer``, else the actor's checkpoint folder
+(``models.actor.checkpoint``; :func:`tokenizer_folder`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nereus.errors import ConfigError
+from nereus.rl.tokens import SpecialTokens, response_ids, special_tokens_of
 
+# the files of a tokenizer and its generation settings (hashed into the run's data identity;
+# copied beside the weights of a Hugging Face export)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "chat_template.jinja", "chat_template.json")
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "generation_config.json")
 
 
 def tokenizer_folder(data_tokenizer: str, checkpoint: str = "") -> tuple[str, str]:
@@ -46,33 +48,6 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:200]
 
 
-def _generation_eos(folder: str, field: str) -> list[int]:
-    path = os.path.join(folder, "generation_config.json")
-    if not os.path.isfile(path):
-        return []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            eos = json.load(fh).get("eos_token_id")
-    except (OSError, ValueError, AttributeError) as e:
-        raise ConfigError(field, folder, f"generation_config.json cannot be read "
-                          f"({_first_line(e)})") from None
-    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ConfigError(field, folder, f"generation_config.json eos_token_id={eos!r} must be "
-                          "a token id or a list of them")
-    return ids
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    """The ids generation and padding use: every EOS id (a response ends at the first), the PAD
-    id (left padding of prompts, filler after EOS), the BOS id if any."""
-
-    eos_ids: tuple[int, ...]
-    pad_id: int
-    bos_id: int | None = None
-
-
 class TextCodec:
     """Prompts to token ids and response ids to text, through one Hugging Face tokenizer."""
 
@@ -83,15 +58,16 @@ class TextCodec:
         self.folder = folder
         self.field = field
         self.chat_template = chat_template
-        eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
-        eos += [i for i in _generation_eos(folder, field) if i not in eos]
-        if not eos:
-            raise ConfigError(field, folder, "names no EOS token (tokenizer_config.json "
-                              "eos_token, or generation_config.json eos_token_id)")
-        pad = tokenizer.pad_token_id
-        bos = tokenizer.bos_token_id
-        self.special = SpecialTokens(tuple(eos), int(eos[0] if pad is None else pad),
-                                     None if bos is None else int(bos))
+        from nereus.config.checkpoint_files import folder_json
+
+        special = special_tokens_of(tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                    tokenizer.bos_token_id,
+                                    folder_json(field, folder, "generation_config.json"),
+                                    folder_json(field, folder, "config.json"))
+        if special is None:
+            raise ConfigError(field, folder, "names no EOS id (generation_config.json, the "
+                              "tokenizer and config.json have none)")
+        self.special: SpecialTokens = special
         self.vocab_size: int = len(tokenizer)
         if chat_template and not getattr(tokenizer, "chat_template", None):
             raise ConfigError("data.chat_template", True, f"the tokenizer in {folder} has no "
@@ -144,17 +120,25 @@ class TextCodec:
                                                       add_generation_prompt=True))
 
     def response_ids(self, ids: Sequence[int]) -> list[int]:
-        """``ids`` up to and including the first EOS."""
-        out: list[int] = []
-        for t in ids:
-            out.append(int(t))
-            if t in self.eos_ids:
-                break
-        return out
+        """``ids`` up to the first EOS (excluded: :func:`nereus.rl.tokens.response_ids`)."""
+        return response_ids(ids, self.special)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of a response's ids, special tokens (EOS, PAD) skipped."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+def check_vocab(codec: TextCodec, vocab_size: int, field: str, value: object) -> None:
+    """A model with ``vocab_size`` embeddings (``field``/``value`` name it) embeds every id of
+    ``codec``: its tokens and its special ids."""
+    if codec.vocab_size > vocab_size:
+        raise ConfigError(field, value, f"the tokenizer in {codec.folder} has "
+                          f"{codec.vocab_size} tokens; vocab_size={vocab_size} cannot embed "
+                          "them")
+    for name, i in (("EOS", max(codec.eos_ids)), ("PAD", codec.pad_id)):
+        if i >= vocab_size:
+            raise ConfigError(field, value, f"vocab_size={vocab_size} cannot embed {name} id "
+                              f"{i} of the tokenizer in {codec.folder}")
 
 
 def load_tokenizer(folder: str, field: str, chat_template: bool) -> TextCodec:

@@ -9,6 +9,13 @@ tensors through pinned host buffers; it keeps the device communicators of transi
 cache keyed by member set (an NCCL communicator costs ~0.6 s to create; a member set recurs at
 every weight sync), each with a bounded timeout, and aborts them all when a peer failed, so no
 rank hangs in one. On the CPU it is the embedded default: gloo everywhere, fp32, torch packing.
+
+Device communicators are created *collectively*: every rank of the job asks for every member
+set, in the one order all ranks agree on (the DAG's waves, the weight syncs), and torch's
+``new_group`` names each group by a count every rank advances alike. A group made by its members
+alone (``use_local_synchronization=True``) is named from the groups *this* rank has registered
+— members and non-members of earlier groups disagree — so its members wait under different store
+prefixes until they time out (tests/ranks/test_device_groups_gloo.py).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch.distributed as dist
 from nereus.cluster.devices import DeviceChoice, cpu_choice
 from nereus.cluster.transport import (
     DEVICE,
+    NCCL,
     RankPlacement,
     backend_of,
     cpu_placements,
@@ -32,6 +40,7 @@ from nereus.cluster.transport import (
     label,
     staged,
 )
+from nereus.errors import CommunicationError
 from nereus.runtime.execution.packer import Packer, process_packer
 
 
@@ -52,7 +61,9 @@ class RankDevice:
         # already: the staged path of GPU ranks, run by the CPU tests.
         self.force_staging = False
         self.generation_reason = ""  # why runtime.generation resolved as it did (for the log)
-        self._device_groups: dict[tuple[int, ...], Any] = {}
+        # member set → its communicator (None on a non-member): the same keys on every rank
+        self._device_groups: dict[tuple[int, ...], Any | None] = {}
+        self._aborted = False
 
     @staticmethod
     def cpu(rank: int, world: int, *, packer: Packer | None = None) -> RankDevice:
@@ -88,31 +99,41 @@ class RankDevice:
 
     # -- device communicators ----------------------------------------------------------------
 
-    def device_group(self, members: Sequence[int], timeout_s: float) -> Any:
-        """The device communicator of ``members`` (created on first use by the members only,
-        then reused): a registered ``nccl`` group with a bounded timeout."""
+    def device_group(self, members: Sequence[int], timeout_s: float) -> Any | None:
+        """The device communicator of ``members`` on a member, None elsewhere: a registered
+        ``nccl`` group with a bounded timeout, created on first use and then reused.
+
+        Collective over the job: every rank calls it for every member set, in the same order
+        (the cache then holds the same keys on every rank, so every rank creates the same groups
+        at the same calls). Raises CommunicationError after :meth:`abort`."""
+        if self._aborted:
+            raise CommunicationError(
+                f"rank {self.rank}: the device communicators were aborted after a failure; "
+                "a new attempt of the job creates its own")
         key = tuple(sorted(set(members)))
-        got = self._device_groups.get(key)
-        if got is None:
-            got = dist.new_group(list(key), timeout=timedelta(seconds=timeout_s), backend="nccl",
-                                 use_local_synchronization=True)
-            self._device_groups[key] = got
-        return got
+        if key not in self._device_groups:
+            pg = dist.new_group(list(key), timeout=timedelta(seconds=timeout_s), backend=NCCL)
+            self._device_groups[key] = pg if self.rank in key else None
+        return self._device_groups[key]
 
     def abort(self) -> None:
         """A peer failed: abort every device communicator (their pending work raises instead of
-        waiting), and forget them."""
+        waiting), and forget them; no more are created on this device (the ranks would no
+        longer agree on which exist)."""
+        self._aborted = True
         for pg in self._device_groups.values():
             # already aborted or destroyed: nothing is waiting on it
             with contextlib.suppress(Exception):
-                pg.abort()
+                if pg is not None:
+                    pg.abort()
         self._device_groups.clear()
 
     def destroy(self) -> None:
         """Destroy the device communicators (end of the run)."""
         for pg in self._device_groups.values():
             with contextlib.suppress(Exception):
-                dist.destroy_process_group(pg)
+                if pg is not None:
+                    dist.destroy_process_group(pg)
         self._device_groups.clear()
 
     # -- memory ------------------------------------------------------------------------------

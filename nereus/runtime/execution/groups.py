@@ -5,11 +5,15 @@ Two kinds:
   with ``dist.new_group``, which is collective over the whole default group — every rank of the
   job calls :func:`unit_groups` for every new unit, in the same order (the plan is deterministic,
   so every rank knows it).
-- *transition groups*: on the ``host`` transport a fresh ``ProcessGroupGloo`` over a
-  ``PrefixStore`` unique to the transition, joined only by the GPUs that take part, with a bounded
-  timeout, dropped after the transition (device tensors staged through pinned host buffers:
+- *transition groups* (:func:`transfer_group`, which every rank of the job calls for every
+  transfer, in the order of the DAG's waves and the weight syncs): on the ``host`` transport a
+  fresh ``ProcessGroupGloo`` over a ``PrefixStore`` unique to the transition, joined only by the
+  GPUs that take part (:func:`transition_group`), with a bounded timeout, dropped after the
+  transition (device tensors staged through pinned host buffers:
   :mod:`nereus.runtime.execution.wire`); on the ``device`` transport the members' NCCL (RCCL)
-  communicator from the rank's cache (:class:`nereus.runtime.execution.device.RankDevice`).
+  communicator from the rank's cache (:class:`nereus.runtime.execution.device.RankDevice`),
+  created collectively — every rank, members or not, takes part in its creation, so all agree
+  on its name (a group created by its members alone waits forever: see ``RankDevice``).
 The backend of a unit group is its members' transport (``nccl`` or ``gloo``), the same on every
 rank because every rank holds every rank's placement.
 """
@@ -17,6 +21,7 @@ rank because every rank holds every rank's placement.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,7 +32,7 @@ import torch.distributed as dist
 from nereus.cluster.transport import DEVICE, HOST
 from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups
-from nereus.errors import CommunicationError
+from nereus.errors import CommunicationError, TransitionError
 
 if TYPE_CHECKING:
     from nereus.runtime.execution.device import RankDevice
@@ -92,20 +97,40 @@ class TransitionGroup:
             self.pg.abort()
 
 
-def transition_group(store: dist.Store, name: str, members: tuple[int, ...], global_rank: int,
-                     timeout_s: float, device: RankDevice | None = None) -> TransitionGroup:
-    """Join the group ``name`` (unique per transition) of ``members``; blocks until all join.
-    With ``device``, members that can use the device transport share its cached communicator."""
-    members = tuple(sorted(members))
-    if device is not None and device.transport(members) == DEVICE:
+def transfer_group(store: dist.Store, name: str, members: Sequence[int], global_rank: int,
+                   timeout_s: float, device: RankDevice | None = None) -> TransitionGroup | None:
+    """The group ``name`` (unique per transition) of ``members`` on a member, None elsewhere.
+
+    Every rank of the job calls it for every transfer group, in the same order: with
+    ``device``, members that can use the device transport share its cached communicator, whose
+    creation is collective (:meth:`RankDevice.device_group`); a host group is joined by its
+    members only (:func:`transition_group`)."""
+    ms = tuple(sorted(set(members)))
+    if device is not None and device.transport(ms) == DEVICE:
         try:
-            pg = device.device_group(members, timeout_s)
+            pg = device.device_group(ms, timeout_s)
         except (RuntimeError, dist.DistError) as e:
             first = str(e).splitlines()[0] if str(e) else repr(e)
             raise CommunicationError(f"rank {global_rank}: creating the device communicator of "
-                                     f"{members} failed: {first}") from e
-        return TransitionGroup(pg, members, timeout_s, DEVICE, False, device.device,
-                               device.label(members), device)
+                                     f"{ms} failed: {first}") from e
+        if pg is None:
+            return None
+        return TransitionGroup(pg, ms, timeout_s, DEVICE, False, device.device,
+                               device.label(ms), device)
+    if global_rank not in ms:
+        return None
+    return transition_group(store, name, ms, global_rank, timeout_s, device)
+
+
+def transition_group(store: dist.Store, name: str, members: tuple[int, ...], global_rank: int,
+                     timeout_s: float, device: RankDevice | None = None) -> TransitionGroup:
+    """Join the host group ``name`` (unique per transition) of ``members`` — called by the
+    members only; blocks until all join. With ``device``: staged when it carries device
+    tensors, labelled by its members' transport."""
+    members = tuple(sorted(members))
+    if device is not None and device.transport(members) == DEVICE:
+        raise TransitionError(f"the device communicator of {members} is created by every rank: "
+                              "transfer_group, not transition_group")
     prefix = dist.PrefixStore(f"nereus/transition/{name}", store)
     try:
         pg = dist.ProcessGroupGloo(prefix, members.index(global_rank), len(members),

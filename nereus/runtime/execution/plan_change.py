@@ -3,9 +3,11 @@
 Rank 0 planned the transition once (:mod:`nereus.runtime.rank0.loop`) and sent it to every rank
 with the target plan, in one :class:`~nereus.runtime.rank0.loop.PlanChangeOrder`. Every rank runs
 its DAG's primitives (:func:`nereus.runtime.execution.dag.run_dag`): units that survive the
-change keep their tensors, new ones receive exactly the bytes whose owner changes. When no DAG
-exists — every replica of some model-stage sat on removed ranks, or no order fits memory — the
-order says why instead and every rank takes the in-process gather+reload path
+change keep their tensors, new ones receive exactly the bytes whose owner changes. When the
+order stages some model-stages through host memory (no order of the plain DAG fits device
+memory), every rank runs the three legs of :mod:`nereus.runtime.execution.host_stage`. When no
+DAG exists — every replica of some model-stage sat on removed ranks — the order says why
+instead and every rank takes the in-process gather+reload path
 (:mod:`nereus.runtime.execution.gather_reload`); the log records which executor ran and why.
 """
 
@@ -18,10 +20,11 @@ import torch.distributed as dist
 
 from nereus.runtime.execution.dag import run_dag
 from nereus.runtime.execution.gather_reload import gather_state, state_bytes
+from nereus.runtime.execution.host_stage import run_staged
 from nereus.runtime.worker.units import PlanUnits, release_units
 from nereus.transition.order import PlanChangeOrder
 
-EXECUTORS = ("dag", "gather-reload", "zero-repartition")
+EXECUTORS = ("dag", "staged", "gather-reload", "zero-repartition")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class PlanChange:
     primitives: list[dict[str, Any]] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     transports: dict[str, int] = field(default_factory=dict)  # this rank's transfer groups
+    host_bytes: int = 0  # what this rank parked in host memory (a staged change)
 
 
 def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
@@ -47,6 +51,8 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
     dag = order.dag
     if units.zero_names:
         return _change_with_zero(comm, units, order, store, version, lr=lr)
+    if order.staged is not None:
+        return _change_staged(units, order, store, namespace, lr=lr)
     if dag is None:
         globs, counters, lost = gather_state(units, comm, order.pool)
         units.destroy()
@@ -73,6 +79,35 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
               "bytes": p.bytes_moved} for p in run.primitives]
     return new, PlanChange("dag", run.bytes_moved, waves=run.waves, primitives=prims,
                            transports=run.transports)
+
+
+def _change_staged(units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
+                   namespace: str, *, lr: float) -> tuple[PlanUnits, PlanChange]:
+    """The host-staged change (:mod:`nereus.runtime.execution.host_stage`): the staged
+    model-stages parked in host memory around the DAG of the others."""
+    setup, rank, timeout_s, device = units.setup, units.global_rank, units.timeout_s, units.device
+    staged = order.staged
+    assert staged is not None
+    held = units.handover()
+    units.destroy()  # the DP groups; the units' own groups travel with them
+    sources = set(staged.rest.dag.source) | {e for h in staged.stages
+                                             for e in (h.source, *h.dropped)}
+    stale = [st for e, st in held.items() if e not in sources]  # on ranks that left the pool
+    mine = {e: st for e, st in held.items() if e in sources}
+    del held
+    final, consumed, run = run_staged(setup, staged, mine, rank, store, f"{namespace}/staged",
+                                      timeout_s=timeout_s, lr=lr, device=device)
+    release_units(stale + consumed)
+    del stale, consumed, mine
+    if device is not None:
+        device.release_memory()
+    new = PlanUnits(setup, order.target, rank, timeout_s, lr, {}, {}, store, namespace,
+                    adopted=final, device=device)
+    prims = [{"index": p.index, "kind": p.kind, "model_stage": p.model_stage, "wave": p.wave,
+              "bytes": p.bytes_moved} for p in run.dag.primitives]
+    return new, PlanChange("staged", run.dag.bytes_moved, order.reason, waves=run.dag.waves,
+                           primitives=prims, transports=run.dag.transports,
+                           host_bytes=run.host_bytes)
 
 
 def _change_with_zero(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist.Store,

@@ -7,11 +7,12 @@ taking part in a transfer joins the transition's group — on the host transport
 created for that transition only (unique store prefix, bounded timeout) and dropped afterwards,
 device tensors staged through pinned host buffers; on the device transport the members' cached
 NCCL (RCCL) communicator (:mod:`nereus.runtime.execution.groups`,
-:mod:`nereus.runtime.execution.wire`); the unit groups of new units are created by every rank
-(``dist.new_group`` is collective). Transfers are point-to-point, all pairs posted at once; per
-pair, contiguous source slices go as they are (no copy) straight into contiguous destination
-slices, the rest packed into one buffer by the process's packer — the compiled kernels on GPUs,
-torch elsewhere (:mod:`nereus.runtime.execution.packer`):
+:mod:`nereus.runtime.execution.wire`). Group creation follows the primitives' order on every
+rank: the unit groups of new units and the device communicators are created by every rank
+(``dist.new_group`` is collective), members or not. Transfers are point-to-point, all pairs
+posted at once; per pair, contiguous source slices go as they are (no copy) straight into
+contiguous destination slices, the rest packed into one buffer by the process's packer — the
+compiled kernels on GPUs, torch elsewhere (:mod:`nereus.runtime.execution.packer`):
 - Split: the position-wise all-gather: inside each block of GPUs sharing a new position every
   GPU receives the other members' shards it lacks; as pairwise sends (default) or, with
   ``TorchExecutor.split_allgather``, one gloo all-gather per block on a group of the block's GPUs;
@@ -41,9 +42,9 @@ from nereus.emu.transfer import Move, TransferPlan, combine_plans, node_transfer
 from nereus.emu.unit import Emu
 from nereus.errors import CommunicationError, TransitionError
 from nereus.runtime.execution.device import RankDevice
-from nereus.runtime.execution.groups import TransitionGroup, transition_group, unit_groups
+from nereus.runtime.execution.groups import TransitionGroup, transfer_group, unit_groups
 from nereus.runtime.execution.pack import PairMessages, box_is_contiguous, pair_messages
-from nereus.runtime.execution.packer import Packer, process_packer
+from nereus.runtime.execution.packer import TORCH_PACKER, Packer, process_packer
 from nereus.runtime.execution.wire import Posted, Wire, post_all_gather
 from nereus.runtime.worker.state import FIELDS, Counters, UnitState, new_unit_state
 from nereus.spec.model import ModelSpec
@@ -307,6 +308,9 @@ class TorchExecutor:
         self.split_allgather = False
         # local copies beside the transfers (None: on a GPU only; see execute_plan)
         self.overlap_local: bool | None = None
+        # transfers over the host transport whatever the ranks' devices (a reload from shards
+        # parked in host memory: :mod:`nereus.runtime.execution.host_stage`)
+        self.host_transport = False
 
     def create(self, emu: Emu, counters: Counters | None = None, step: float = 0.0,
                initialize: bool = True) -> None:
@@ -319,23 +323,28 @@ class TorchExecutor:
 
     def _group(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]] = ()
                ) -> TransitionGroup | None:
-        """The pairwise group: the GPUs of the non-local moves not inside one of ``blocks``."""
+        """The pairwise group: the GPUs of the non-local moves not inside one of ``blocks``
+        (every rank calls it, the same plans in the same order; None on a non-member)."""
         self._seq += 1
         block_of = {g: b for b in blocks for g in b}
         pairwise = [m for m in plan.moves if not m.is_local
                     and not (m.src_gpu in block_of and block_of.get(m.dst_gpu) == block_of[m.src_gpu])]
         members = tuple(sorted({m.src_gpu for m in pairwise} | {m.dst_gpu for m in pairwise}))
-        if self.global_rank not in members:
+        if not members:
             return None
-        group = transition_group(self.store, f"{self.namespace}/{self._seq}", members,
-                                 self.global_rank, self.timeout_s, self.device)
-        self.transports[group.label] = self.transports.get(group.label, 0) + 1
+        # every rank: a device communicator's creation is collective (a host-staged transfer
+        # runs on the host transport on every rank alike)
+        group = transfer_group(self.store, f"{self.namespace}/{self._seq}", members,
+                               self.global_rank, self.timeout_s,
+                               None if self.host_transport else self.device)
+        if group is not None:
+            self.transports[group.label] = self.transports.get(group.label, 0) + 1
         return group
 
     def _gathers(self, plan: TransferPlan, blocks: Sequence[tuple[int, ...]]
                  ) -> list[tuple[tuple[int, ...], TransitionGroup | None]]:
         """The Split blocks that move data as one all-gather, each with its group (joined by
-        the block's members only; None elsewhere). Call after :meth:`_group` (same sequence)."""
+        the block's members; None elsewhere; every rank calls it). Call after :meth:`_group`."""
         if not self.split_allgather:
             return []
         out: list[tuple[tuple[int, ...], TransitionGroup | None]] = []
@@ -344,11 +353,8 @@ class TorchExecutor:
                      and m.src_gpu in block and m.dst_gpu in block]
             if len(block) < 2 or not inner or block_contributions(plan, block) is None:
                 continue
-            group = None
-            if self.global_rank in block:
-                group = transition_group(self.store, f"{self.namespace}/{self._seq}/gather"
-                                         f"{block[0]}", block, self.global_rank, self.timeout_s,
-                                         self.device)
+            group = transfer_group(self.store, f"{self.namespace}/{self._seq}/gather{block[0]}",
+                                   block, self.global_rank, self.timeout_s, self.device)
             out.append((block, group))
         return out
 
@@ -449,6 +455,28 @@ class TorchExecutor:
                 drop += op.srcs
         self._install(plan, made, drop)
         return plans
+
+    def from_host(self, plan: TransferPlan, host: object | None) -> list[UnitState | None]:
+        """Build ``plan.targets`` from its one source unit parked in host memory (``host``:
+        this rank's part of it, a :class:`nereus.runtime.execution.host_stage.HostShard`, or
+        None), over the host transport; returns this rank's new units (None where it holds
+        none) and forgets the host part."""
+        (source,) = plan.sources
+        if host is not None:
+            self.units[source] = host  # type: ignore[assignment]  # tensors(), counters, step
+        saved = (self.packer, self.overlap_local, self.host_transport)
+        # torch packs and unpacks on any device: host slices on the sender, device views on
+        # the receiver (the compiled kernels hold one message on one device)
+        self.packer, self.overlap_local, self.host_transport = TORCH_PACKER, False, True
+        try:
+            made = self._transfer(plan)
+        finally:
+            self.packer, self.overlap_local, self.host_transport = saved
+            self.units.pop(source, None)
+        for emu, st in zip(plan.targets, made, strict=True):
+            if st is not None:
+                self.units[emu] = st
+        return made
 
     def destroy(self, op: Destroy, live: Iterable[Emu]) -> None:
         """Drop ``op.unit`` — only while another replica of its state is among ``live`` (the

@@ -7,8 +7,9 @@ simulator's :class:`SearchPort` with two CPU-runtime rules on top: a model-stage
 where the runtime's layout rules allow it (:func:`nereus.emu.shards.check_layout`; e.g. tied
 embeddings run pp=1 only: plans breaking a rule are re-searched with that stage pinned to
 (tp, 1)); pipeline stages run on the CPU 1F1B schedule of :mod:`nereus.engines.pipeline`), and
-a transition with no executable DAG is costed as the in-process checkpoint/restart the runtime
-performs (gather the global state, reload into the new layout).
+a transition with no executable DAG (not even one staged through host memory) is costed as the
+in-process checkpoint/restart the runtime performs (gather the global state, reload into the new
+layout).
 """
 
 from __future__ import annotations
@@ -18,35 +19,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nereus.control.controller import ControllerState, Decision, PlanEvaluation, controller_step
+from nereus.control.options import candidate_targets
 from nereus.control.planner_port import SearchPort
 from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration, default_calibration
 from nereus.cost.fit import Sample
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
-from nereus.errors import ConfigError, InfeasiblePlanError, TransitionError
+from nereus.errors import ConfigError
 from nereus.spec.job import Setup
-from nereus.spec.model import state_bytes_per_param
 from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition import PlannedTransition, plan_transition
-from nereus.transition.cost import restart_cost_s
+from nereus.transition import PlannedTransition
+from nereus.transition.change import plan_change
+from nereus.transition.fallbacks import gather_reload_s
 
 MAX_PIN_ROUNDS = 4
-
-
-def restart_in_process_s(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
-                         calib: Calibration | None = None) -> float:
-    """Gather every changed model-stage's state to all ranks and load it, every unit of the
-    target rebuilt (:func:`nereus.transition.cost.restart_cost_s`, at ``calib``'s rates)."""
-    nbytes = 0
-    for sp in target.stages:
-        if sp in current.stages:
-            continue
-        ms = setup.job.workflow.by_name(sp.name)
-        params = setup.job.model(ms.role).num_params()
-        nbytes += params * state_bytes_per_param(setup.job.dtype_bytes, ms.trainable)
-    units = sum(sp.dp for sp in target.stages)
-    return restart_cost_s(setup.cluster, nbytes, units, calib)
 
 
 @dataclass(frozen=True)
@@ -63,6 +50,9 @@ class CpuPort:
 
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         return self.base.evaluate(plan, obs)
+
+    def stage_times(self, plan: ExecutionPlan, obs: Observation) -> dict[str, float]:
+        return self.base.stage_times(plan, obs)
 
     def _runs_here(self, sp: StagePlan) -> bool:
         """Whether the runtime can build ``sp``'s units (its layout rules, pp > 1 included)."""
@@ -100,37 +90,34 @@ class CpuPort:
 
     def options(self, obs: Observation, current: ExecutionPlan | None
                 ) -> Sequence[tuple[ExecutionPlan, float]]:
-        out: list[tuple[ExecutionPlan, float]] = []
-        best = self.search(obs)
-        if best is not None:
-            out.append(best)
-        if current is not None:
-            keep = {sp.name: (sp.tp, sp.pp) for sp in current.stages}
-            pinned = self.search(obs, keep)
-            if pinned is not None and (best is None or pinned[0] != best[0]):
-                out.append(pinned)
-        out.sort(key=lambda o: o[1])
-        return out
+        """S* and a few slower plans with cheaper transitions from ``current``, each one the
+        runtime can build (:func:`nereus.control.options.candidate_targets`)."""
+        return candidate_targets(lambda lay: self.search(obs, lay), self.base.setup, current,
+                                 self.base.setup.job.controller.targets)
 
     def transition(self, current: ExecutionPlan, target: ExecutionPlan) -> PlannedTransition:
-        """The planned transition (the DAG from the units alive on the pool, and L̂_tran); where
-        no DAG exists, the in-process checkpoint/restart the runtime performs instead, with its
-        estimated cost and the reason. Every compilation is counted in ``compilations``."""
+        """The planned change (:func:`nereus.transition.change.plan_change`: the DAG from the
+        units alive on the pool, else the host-staged DAG, else the in-process gather-and-reload
+        the runtime performs — with its estimated cost and the reason; where only a
+        checkpoint/restart could make the change, the ranks still gather and reload in process:
+        the removed ranks of this emulation keep running, so the state is read from them, and
+        the change is priced as that). Every compilation is counted in ``compilations``."""
         if current == target:
             planned = self.base.transition(current, target)
             assert planned is not None
             return planned
         key = (current, target, self.base.pool)
         self.compilations[key] = self.compilations.get(key, 0) + 1
-        try:  # L̂_tran at the transition rates this run measured (nereus.transition.cost.rates)
-            alive = self.base.pool
-            if alive is not None and self.draining:
-                alive = tuple(sorted(set(alive) | set(self.draining)))
-            return plan_transition(self.base.setup, current, target, alive, self.base.calib)
-        except (TransitionError, InfeasiblePlanError) as e:
+        alive = self.base.pool  # L̂_tran at the transition rates this run measured
+        if alive is not None and self.draining:
+            alive = tuple(sorted(set(alive) | set(self.draining)))
+        planned = plan_change(self.base.setup, current, target, alive, self.base.calib,
+                              staging=self.base.setup.job.controller.host_staging)
+        if planned.executor == "restart":  # the ranks gather and reload in process instead
             return PlannedTransition.restart(
-                restart_in_process_s(self.base.setup, current, target, self.base.calib),
-                str(e))
+                gather_reload_s(self.base.setup, current, target, self.base.calib),
+                planned.restart_reason)
+        return planned
 
 
 class RankZeroController:
@@ -242,4 +229,5 @@ def decision_dict(d: Decision) -> dict[str, Any]:
         "delta_l_s": adm.delta_l_s if adm else 0.0,
         "transition_s": adm.transition_s if adm else 0.0,
         "horizon_steps": adm.horizon_steps if adm else 0.0,
+        "options": [o.to_dict() for o in adm.options] if adm else [],
     }

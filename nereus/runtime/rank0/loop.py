@@ -276,6 +276,8 @@ class RankZero:
         if not measured_s > 0:
             return
         cluster = ctl.setup.cluster
+        if executor == "staged":  # host legs are no feature of the fit: no sample (issue 32)
+            return
         if executor == "dag" and order.dag is not None:
             ideal, counts = path_features(order.dag, cluster, ctl.calib)
         else:  # gathered and reloaded: the state twice over the inter-node link, every unit

@@ -19,7 +19,7 @@ from nereus.config.run import RunConfig
 from nereus.config.schema import Config
 from nereus.control.controller import Decision
 from nereus.log.writer import RunLogWriter
-from nereus.runtime.rank0.controller import decision_dict, plan_label
+from nereus.runtime.rank0.controller import plan_label
 from nereus.runtime.rank0.records import record_batch
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
@@ -33,8 +33,10 @@ def _raw_config(cfg: Config, rc: RunConfig) -> dict[str, Any]:
 
 class RunRecorder:
     def __init__(self, path: str, setup: Setup, rc: RunConfig, cfg: Config,
-                 plan: ExecutionPlan, append: bool = False) -> None:
-        """``append``: continue the existing log at ``path`` (a resumed run)."""
+                 plan: ExecutionPlan, append: bool = False, fingerprint: Any = None) -> None:
+        """``append``: continue the existing log at ``path`` (a resumed run); ``fingerprint``:
+        the job's (:mod:`nereus.config.fingerprint`), in the run's meta and in the
+        ``run-start`` event of this segment."""
         from rich.console import Console
 
         self.setup = setup
@@ -43,10 +45,13 @@ class RunRecorder:
         meta = {"command": "nereus run", "ranks": rc.ranks, "steps": rc.steps,
                 "hardware": "+".join(t.name for t in setup.cluster.types), "nodes": setup.cluster.nodes,
                 "gpus_per_node": setup.cluster.gpus_per_node, "algorithm": setup.job.algorithm}
+        job = {} if fingerprint is None else {"fingerprint": fingerprint.to_dict()}
         self.log = (RunLogWriter.append_to(path, {"resumed": True, "plan": plan.to_dict(),
-                                                  "ranks": rc.ranks, "nodes": setup.cluster.nodes})
+                                                  "ranks": rc.ranks, "nodes": setup.cluster.nodes,
+                                                  **job})
                     if append else
-                    RunLogWriter(path, meta, _raw_config(cfg, rc), initial_plan=plan.to_dict()))
+                    RunLogWriter(path, {**meta, **job}, _raw_config(cfg, rc),
+                                 initial_plan=plan.to_dict(), start=job))
         from nereus.log.sinks import open_sinks
 
         self.sinks = open_sinks(rc.outputs, _raw_config(cfg, rc), path,  # TensorBoard, wandb
@@ -106,9 +111,11 @@ class RunRecorder:
 
     def decision(self, step: int, d: Decision) -> None:
         """A replan and its admission."""
-        dd = decision_dict(d)
-        self.log.log_replan(step, ",".join(d.triggers), dd, dd["transition_s"], None)
         adm = d.admission
+        options = list(adm.options) if adm is not None else []
+        # every target considered, with its transition and verdict (admission.OptionRecord)
+        self.log.log_replan(step, ",".join(d.triggers), [o.to_dict() for o in options],
+                            [o.step_s for o in options], None)
         if adm is not None:
             self.log.log_admission(
                 step, adm.admitted, "opportunistic" if adm.path == "opportunistic" else "urgent",
@@ -149,6 +156,7 @@ class RunRecorder:
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
         how = (f"DAG {len(primitives or [])} primitives" if executor == "dag"
+               else f"host-staged DAG {len(primitives or [])} primitives" if executor == "staged"
                else "ZeRO re-partition + gather+reload" if executor == "zero-repartition"
                else "gather+reload")
         self.console.print(f"  transition after step {step + 1} ({target['kind']}, "

@@ -18,10 +18,9 @@ from nereus.emu.shards import LocalShard, shards_at
 from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.runtime.execution.device import RankDevice
+from nereus.runtime.failures.checkpoint import FIELDS
 from nereus.runtime.worker.precision import MixedPrecisionAdam
 from nereus.spec.model import ModelSpec
-
-FIELDS = ("param", "exp_avg", "exp_avg_sq")
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch
 from nereus.config.run import RunConfig
 from nereus.engines.backend import GenRequest
 from nereus.engines.forward import response_logp, response_values, sequence_scores
+from nereus.engines.masks import full_valid
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
 from nereus.rl.inputs import RunInputs
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
@@ -44,16 +45,19 @@ class StepInputs:
     data: RunInputs  # tokenizer, prompts, sample order, reward (nereus.rl.inputs)
 
 
-def prompt_batch(inp: StepInputs, step: int) -> tuple[np.ndarray, torch.Tensor]:
+def prompt_batch(inp: StepInputs, step: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     """The step's prompts (kept rows of data.train, global order) left-padded with the
-    tokenizer's PAD to ``job.prompt_len`` tokens (the longest prompt of the data)."""
+    tokenizer's PAD to ``job.prompt_len`` tokens (the longest prompt of the data), and [b, P]
+    True on their real tokens (the padding is masked out of attention)."""
     job, data = inp.setup.job, inp.data
     rows = data.order.step_indices(step, job.global_batch)
     out = torch.full((len(rows), job.prompt_len), data.codec.pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), job.prompt_len), dtype=torch.bool)
     for k, r in enumerate(rows):
         ids = data.train.prompt_ids(int(r))
         out[k, job.prompt_len - len(ids):] = torch.from_numpy(ids)
-    return rows, out
+        valid[k, job.prompt_len - len(ids):] = True
+    return rows, out, valid
 
 
 def _exchange(comm: Any, contribution: dict[str, Any]) -> list[dict[str, Any]]:
@@ -93,6 +97,7 @@ class Rollout:
     logp: torch.Tensor
     mask: torch.Tensor
     halted: bool = False  # a rank ran out of device memory generating it: incomplete
+    prompt_valid: torch.Tensor | None = None  # [n, P] True on real prompt tokens
 
 
 def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -101,8 +106,10 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rc.max_new_tokens
-    rows, prompts = prompt_batch(inp, step)
+    rows, prompts, valid = prompt_batch(inp, step)
     prompts = prompts.repeat_interleave(job.samples_per_prompt, dim=0)
+    valid = valid.repeat_interleave(job.samples_per_prompt, dim=0)
+    special = inp.data.codec.special
     seq_ids = np.arange(n_seq)
     contrib: dict[str, Any] = {}
     su = units.stages["actor-gen"]
@@ -115,13 +122,15 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             t0 = time.perf_counter()
             engine.refresh_weights()  # the weights the last sync wrote (in place for megatron)
             req = GenRequest(prompts[lo:hi], seq_ids[lo:hi], rc.seed, step, t_new,
-                             rc.temperature)
+                             rc.temperature, prompt_valid=valid[lo:hi],
+                             eos_ids=special.eos_ids, pad_id=special.pad_id)
             g = engine.generate(req)
             kv_bytes = g.kv_cache_bytes
             greedy = None
             if job.algorithm == "remax":  # the greedy baseline response of every prompt
                 gg = engine.generate(replace(req, greedy=True))
-                greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
+                greedy = (gg.tokens.numpy(), gg.mask.numpy())
+                kv_bytes = max(kv_bytes, gg.kv_cache_bytes)
             stage_s["actor-gen"] = stage_s.get("actor-gen", 0.0) + time.perf_counter() - t0
             account.observe("actor-gen", _resident(units), kv_bytes)
             if _reports(st):
@@ -133,20 +142,22 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     parts = [c["gen"] for c in exchanged if "gen" in c]
     tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
     greedy_tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
+    greedy_mask = torch.zeros(n_seq, t_new, dtype=torch.float64)
     logp = torch.zeros(n_seq, t_new, dtype=torch.float64)
     mask = torch.zeros(n_seq, t_new, dtype=torch.float64)
     for lo, tk, lp, mk, gr in parts:
         hi = lo + tk.shape[0]
         tokens[lo:hi], logp[lo:hi], mask[lo:hi] = (torch.from_numpy(a) for a in (tk, lp, mk))
         if gr is not None:
-            greedy_tokens[lo:hi] = torch.from_numpy(gr)
+            greedy_tokens[lo:hi], greedy_mask[lo:hi] = (torch.from_numpy(a) for a in gr)
     # The batch ends where its longest response ends (sampled or greedy): inference and training
     # run on that many tokens, not on max_new_tokens of padding (PAD and zero masks beyond).
-    used = (mask.sum(dim=0) > 0) | (greedy_tokens[:, p_len:] != inp.data.codec.pad_id).any(dim=0)
+    used = (mask.sum(dim=0) > 0) | (greedy_mask.sum(dim=0) > 0)
     width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
     return Rollout(step, rows, tokens[:, :p_len + width].contiguous(),
                    greedy_tokens[:, :p_len + width].contiguous(),
-                   logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted)
+                   logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted,
+                   valid.contiguous())
 
 
 def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -208,6 +219,10 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     p_len, t_new = job.prompt_len, rollout.mask.shape[1]  # the batch's longest response
     tokens, greedy_tokens = rollout.tokens, rollout.greedy_tokens
     logp, mask = rollout.logp, rollout.mask
+    valid = full_valid(rollout.prompt_valid, t_new)  # [n, P+T]: the prompts' padding masked
+
+    def rows(a: int, b: int) -> torch.Tensor | None:
+        return None if valid is None else valid[a:b]
 
     # -- inference ---------------------------------------------------------------------------
     if rollout.halted:  # a rank ran out of memory generating the batch: redo the step
@@ -219,7 +234,7 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
         with account.guard(name):
             lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
             t0 = time.perf_counter()
-            lg = unit_logits(st, tokens[lo:hi])  # on the last pp stage only
+            lg = unit_logits(st, tokens[lo:hi], rows(lo, hi))  # on the last pp stage only
             out: torch.Tensor | None
             if lg is None:
                 out = None
@@ -262,8 +277,8 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
         greedy_scores = None
         if job.algorithm == "remax":
             if rc.reward == "model":
-                greedy_scores = _greedy_model_scores(units, comm, greedy_tokens, mask, p_len,
-                                                     inp.data.codec.eos_ids)
+                greedy_scores = _greedy_model_scores(inp, units, comm, greedy_tokens, mask,
+                                                     p_len, valid)
             else:
                 greedy_scores = torch.tensor(score_responses(
                     inp.data, rollout.rows, greedy_tokens, None, p_len, job.samples_per_prompt,
@@ -315,8 +330,9 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
             # out of memory here ends the job (DeviceOutOfMemory): updates may have run
             with account.guard(name, redo=False):
                 mbs = [tokens[a:b] for a, b in spans]
-                loss_total += (st.forward_backward(mbs, loss_of) if zero
-                               else unit_forward_backward(st, mbs, loss_of))
+                vs = [rows(a, b) for a, b in spans]
+                loss_total += (st.forward_backward(mbs, loss_of, vs) if zero
+                               else unit_forward_backward(st, mbs, loss_of, vs))
             account.observe(name, _resident(units))
             if zero:
                 st.step()  # DeepSpeed reduces the gradients over the unit's DP group, steps
@@ -366,14 +382,15 @@ def _halted(account: MemoryAccount, stage_s: dict[str, float]) -> dict[str, Any]
             "kl": nan, "losses": {}, "sync_bytes": 0, "redo": True}
 
 
-def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tensor,
-                         mask: torch.Tensor, p_len: int, eos_ids: tuple[int, ...]
-                         ) -> torch.Tensor:
+def _greedy_model_scores(inp: StepInputs, units: PlanUnits, comm: Any,
+                         greedy_tokens: torch.Tensor, mask: torch.Tensor, p_len: int,
+                         valid: torch.Tensor | None) -> torch.Tensor:
     """Reward-model scores of the greedy responses (ReMax with ``runtime.reward: model``)."""
     resp = greedy_tokens[:, p_len:]
     g_mask = torch.ones_like(mask)
+    stops = torch.tensor(inp.data.codec.special.eos_ids, dtype=torch.long)
     for i in range(resp.shape[0]):  # up to and including the first EOS
-        hits = torch.isin(resp[i], torch.tensor(eos_ids)).nonzero()
+        hits = torch.isin(resp[i], stops).nonzero()
         if len(hits):
             g_mask[i, int(hits[0]) + 1:] = 0.0
     su = units.stages["reward-inf"]
@@ -383,7 +400,7 @@ def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tenso
     if mine is not None:
         dp_rank, st = mine
         lo, hi = replica_slice(n, su.plan.dp, dp_rank)
-        lg = unit_logits(st, greedy_tokens[lo:hi])
+        lg = unit_logits(st, greedy_tokens[lo:hi], None if valid is None else valid[lo:hi])
         if lg is not None and _reports(st):
             contrib["g"] = (lo, sequence_scores(lg, g_mask[lo:hi], p_len).numpy())
     out = torch.zeros(n, dtype=torch.float64)

@@ -48,9 +48,11 @@ def _generate(inp: Any, units: Any, rows: list[int], greedy: bool, step: int, co
         chunk = rows[start:start + width]
         chunk = chunk + [chunk[-1]] * (width - len(chunk))
         prompts = torch.full((width, job.prompt_len), data.codec.pad_id, dtype=torch.long)
+        valid = torch.zeros((width, job.prompt_len), dtype=torch.bool)
         for k, r in enumerate(chunk):
             ids = data.val.prompt_ids(r)
             prompts[k, job.prompt_len - len(ids):] = torch.from_numpy(ids)
+            valid[k, job.prompt_len - len(ids):] = True
         engine = actor_gen_engine(rc, inp.setup, su)
         mine = su.my_replica()
         contrib: dict[str, Any] = {}
@@ -58,8 +60,11 @@ def _generate(inp: Any, units: Any, rows: list[int], greedy: bool, step: int, co
             dp_rank, st = mine
             lo, hi = replica_slice(width, su.plan.dp, dp_rank)
             engine.refresh_weights()
+            special = data.codec.special
             g = engine.generate(GenRequest(prompts[lo:hi], base + start + np.arange(lo, hi),
-                                           rc.seed, step, t_new, rc.temperature, greedy=greedy))
+                                           rc.seed, step, t_new, rc.temperature, greedy=greedy,
+                                           prompt_valid=valid[lo:hi], eos_ids=special.eos_ids,
+                                           pad_id=special.pad_id))
             if is_reporter(st):
                 contrib["gen"] = (lo, g.tokens[:, job.prompt_len:].numpy(), g.mask.numpy())
         for c in allgather(comm, contrib, "validation"):
