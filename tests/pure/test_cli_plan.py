@@ -158,13 +158,10 @@ def test_a_partial_node_plans_on_its_first_gpus(capsys: pytest.CaptureFixture[st
 def test_every_example_has_a_feasible_plan(
     path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    text = path.read_text()
-    if "checkpoint: runs/tiny-qwen2" in text:  # made by python -m nereus.tools.tiny_checkpoint
-        from support.hf_checkpoints import checkpoint
+    from support.hf_checkpoints import example_on_a_checkpoint
 
-        path = tmp_path / path.name
-        path.write_text(text.replace("runs/tiny-qwen2", str(checkpoint("qwen2"))))
-        capsys.readouterr()  # transformers' progress bars while writing it
+    path = example_on_a_checkpoint(path, tmp_path)  # the checkpoint the example names, made
+    capsys.readouterr()  # transformers' progress bars while writing it
     rc, obj = _json(["plan", str(path)], capsys)
     assert rc == 0 and obj["feasible"] is True, obj
     assert obj["peak_memory_bytes"] <= obj["capacity_bytes"]
