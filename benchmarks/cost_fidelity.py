@@ -68,6 +68,7 @@ from nereus.emu.shards import check_layout  # noqa: E402
 from nereus.emu.unit import Layout  # noqa: E402
 from nereus.errors import ConfigError  # noqa: E402
 from nereus.log.reader import read_run_log  # noqa: E402
+from nereus.rl.inputs import load_inputs  # noqa: E402
 from nereus.spec.hardware import OpClass  # noqa: E402
 from nereus.spec.plan import ExecutionPlan  # noqa: E402
 from nereus.transition import plan_transition  # noqa: E402
@@ -119,6 +120,7 @@ def _layout_choices(s: Setting, raw: dict[str, Any], cfg_path: Path) -> list[dic
     cfg = load_config(str(cfg_path))
     _rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=s.ranks,
                               host_cores=host_cores())
+    _, setup = load_inputs(cfg, str(cfg_path), _rc, setup)  # as nereus run plans it
     names = [ms.name for ms in setup.job.workflow.model_stages]
     ctl = RankZeroController(setup, adapt=False)
     ctl.set_pool(range(s.ranks))
@@ -171,6 +173,7 @@ def _planner_pins(s: Setting, cfg_path: Path, calib: Calibration) -> dict[str, t
     cfg = load_config(str(cfg_path))
     _rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=s.ranks,
                               host_cores=host_cores())
+    _, setup = load_inputs(cfg, str(cfg_path), _rc, setup)  # as nereus run plans it
     plan = _planner_choice(setup, s.ranks, calib, float(setup.job.gen_len),
                            float(setup.job.gen_len_p95))
     return {} if plan is None else {sp.name: (sp.tp, sp.pp) for sp in plan.stages}
@@ -253,8 +256,9 @@ class Measured:
 
 def _measurements(s: Setting, log: Path, cfg_path: Path) -> tuple[list[Measured], list[Any]]:
     cfg = load_config(str(cfg_path))
-    _, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=s.ranks,
-                             host_cores=host_cores())
+    _rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=s.ranks,
+                               host_cores=host_cores())
+    _, setup = load_inputs(cfg, str(cfg_path), _rc, setup)  # as nereus run plans it
     run = read_run_log(log)
     st, tr = run.tables["steps"], run.tables["transitions"]
     plan = ExecutionPlan.from_dict(run.initial_plan)

@@ -195,8 +195,8 @@ def prerequisites(chk: Check) -> dict[str, Any]:
     found: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": facts,
-        "modules": {m: _have(m) for m in ("megatron.core", "transformers", "h5py", "yaml",
-                                          "numpy", "packaging", "pynvml")},
+        "modules": {m: _have(m) for m in ("megatron.core", "transformers", "tokenizers", "h5py",
+                                          "yaml", "numpy", "packaging", "pynvml")},
         "mpi4py_loads": mpi["code"] == 0, "mpi_library": mpi["stdout"].strip()[:120],
         "mpiexec": {"path": mpiexec, "version": version, "ulfm": _ulfm(version),
                     "open_mpi": "Open MPI" in version},
@@ -209,7 +209,10 @@ def prerequisites(chk: Check) -> dict[str, Any]:
               ("transformers (the reference)", mods["transformers"])],
         "b": [("megatron.core", mods["megatron.core"]), ("h5py", mods["h5py"]),
               ("yaml", mods["yaml"]), ("from mpi4py import MPI", found["mpi4py_loads"]),
-              ("mpiexec", bool(mpiexec))]}
+              ("mpiexec", bool(mpiexec)),
+              # nereus run reads the task's tokenizer (nereus/rl/data) through transformers
+              ("transformers and tokenizers (the run's tokenizer)",
+               mods["transformers"] and mods["tokenizers"])]}
     if not chk.dry_run:
         for part in need:
             need[part].append(("a CUDA device", gpu))

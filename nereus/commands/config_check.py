@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from nereus.spec.job import Setup
@@ -32,7 +33,10 @@ def _check(args: argparse.Namespace) -> int:
 
     config = load_config(args.file, detect_gpu=detected_gpu)
     actor = config.checkpoint("actor")
-    if actor is not None:  # its tokenizer fits the vocabulary (loaded, never the weights)
+    data = config.section("data")
+    if actor is not None and not (isinstance(data, Mapping) and data.get("tokenizer")):
+        # the run's tokenizer is the checkpoint's: it fits the vocabulary (loaded, never the
+        # weights)
         from nereus.hf.tokenizer import load_codec
 
         load_codec(actor)

@@ -1,4 +1,6 @@
-"""``nereus report LOG.h5 [--out DIR] [--json] [--no-plots]``: summary and plots of a run log."""
+"""``nereus report LOG.h5 [--out DIR] [--json] [--no-plots]``: summary and plots of a run log;
+``nereus report --tensorboard LOG.h5 DIR``: its scalars as TensorBoard event files in the new
+folder DIR (:func:`nereus.log.sinks.write_tensorboard`, the scalars a run writes live)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ def register(subparsers: Any) -> None:
                    "next to LOG); never over an existing path")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-plots", action="store_true", help="print the summary only")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="write the log's scalars as TensorBoard event files into the new "
+                   "folder DIR instead (the scalars runtime.tensorboard writes live)")
+    p.add_argument("tensorboard_dir", nargs="?", metavar="DIR",
+                   help="with --tensorboard: the folder to create; never over an existing path")
     p.set_defaults(func=handler)
 
 
@@ -53,10 +60,41 @@ def _write_plots(log: Any, folder: Any) -> list[str]:
     return [str(Path(folder.path) / p.name) for p in written]
 
 
+def _tensorboard(args: argparse.Namespace) -> int:
+    from nereus.errors import ConfigError
+    from nereus.log.outputs import NewFolder
+    from nereus.log.reader import read_run_log
+    from nereus.log.sinks import write_tensorboard
+
+    if not args.tensorboard_dir:
+        raise ConfigError("--tensorboard", None, "needs DIR, the folder to create: nereus "
+                          "report --tensorboard LOG.h5 DIR")
+    folder = NewFolder(args.tensorboard_dir, "DIR")
+    log = read_run_log(args.log)
+    tmp = folder.start()
+    try:
+        count = write_tensorboard(log, tmp)
+        folder.publish()
+    except OSError as exc:
+        raise ConfigError("DIR", args.tensorboard_dir,
+                          f"cannot be written ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        folder.discard()
+    print(f"tensorboard: {count} scalars of {args.log} in {folder.path} "
+          f"(tensorboard --logdir {folder.path})")
+    return 0
+
+
 def handler(args: argparse.Namespace) -> int:
+    from nereus.errors import ConfigError
     from nereus.log.outputs import NewFolder
     from nereus.log.reader import read_run_log
     from nereus.log.summary import format_summary, summarize
+
+    if args.tensorboard:
+        return _tensorboard(args)
+    if args.tensorboard_dir:
+        raise ConfigError("DIR", args.tensorboard_dir, "is only taken with --tensorboard")
 
     folder = None
     if not args.no_plots:

@@ -98,14 +98,16 @@ def _as_task(args: argparse.Namespace, world_size: int) -> int:
     from nereus.cluster.probe import detected_gpu
     from nereus.config.load import load_config
     from nereus.config.run import parse_runtime
+    from nereus.rl.inputs import load_inputs
     from nereus.runtime.failures.resume_check import run_fingerprint
     from nereus.runtime.worker import main as worker
 
     cfg = load_config(args.config, detect_gpu=detected_gpu)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=world_size,
                               steps=args.steps)
+    inputs, setup = load_inputs(cfg, args.config, rc, setup)
     notes: list[str] = []
-    log = resolve_resume(args, rc, setup, run_fingerprint(cfg, rc), notes)
+    log = resolve_resume(args, rc, setup, run_fingerprint(cfg, rc, inputs.fingerprint()), notes)
     if from_os_environ().global_rank == 0:
         for line in notes:
             print(line, file=sys.stderr, flush=True)

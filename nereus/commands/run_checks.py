@@ -67,6 +67,11 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, str]:
     require_vllm(rc.generation)
     check_engines(rc)
     check_device(rc, setup)
+    from nereus.log.sinks import check_sinks
+    from nereus.rl.inputs import load_inputs
+    from nereus.runtime.worker.hf_run import preflight
+
+    inputs, setup = load_inputs(cfg, args.config, rc, setup)  # the data's prompt length planned
     ctl = RankZeroController(setup, adapt=True)
     ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
     plan, d = ctl.initial()
@@ -75,13 +80,10 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, str]:
         raise InfeasiblePlanError(f"no plan of {args.config} fits {rc.ranks} ranks of "
                                   f"{setup.cluster.gpu.memory_bytes / 1e9:g} GB: {reason}")
     notes: list[str] = []
-    log = resolve_resume(args, rc, setup, run_fingerprint(cfg, rc), notes)
-    from nereus.runtime.worker.hf_run import preflight
-
-    # the actor's tokenizer against every model; the export folder (after the resume is
-    # resolved: a resumed or requeued run continues into its own)
-    preflight(cfg, rc, setup, fresh=not args.resume)
+    log = resolve_resume(args, rc, setup, run_fingerprint(cfg, rc, inputs.fingerprint()), notes)
     check_outputs(args, rc, log)
+    preflight(rc, fresh=not args.resume)  # the export folder (runtime.save_hf)
+    check_sinks(rc.outputs, resuming=bool(args.resume))  # TensorBoard, wandb
     check_space(log)
     for line in notes:
         print(line, file=sys.stderr, flush=True)

@@ -41,6 +41,12 @@ def _json(field: str, directory: str, name: str, required: bool) -> Mapping[str,
     return MappingProxyType(data)
 
 
+def folder_json(field: str, directory: str, name: str) -> Mapping[str, Any] | None:
+    """The JSON object in ``directory/name`` (a tokenizer or checkpoint folder's
+    ``generation_config.json``, ``config.json``), None when the file is absent."""
+    return _json(field, directory, name, False)
+
+
 def _folder(field: str, directory: Any) -> tuple[str, tuple[str, ...]]:
     if not isinstance(directory, str) or not directory or "\0" in directory:
         raise ConfigError(field, directory, "must be the path of a Hugging Face checkpoint "

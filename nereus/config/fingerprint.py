@@ -16,8 +16,10 @@ The parts (to add one — a dataset, a Hugging Face checkpoint — add one entry
 - ``cluster``: the hardware types (GPU name, vendor, label) and GPUs per node — not the node
   count, which a relaunch on the surviving nodes or ``--ranks`` may change;
 - ``seed``: ``runtime.seed`` (initial weights, sampling, the sample order);
-- ``data``: the identity of the prompts, given by the caller (the shell names the built-in
-  task: :func:`nereus.rl.task.task_identity`).
+- ``data``: the identity of the prompts, given by the caller
+  (:meth:`nereus.rl.inputs.RunInputs.fingerprint`: the train file as named and a digest of
+  the prompt files' bytes, the tokenizer's files and the data options; the built-in pattern
+  task is such data).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from __future__ import annotations
 MAX_CONFIG_BYTES = 1 << 20  # a YAML job config (the examples are about 2 KB)
 MAX_TRACE_BYTES = 16 << 20  # a GPU (spot, fault) or length trace (the shipped ones: < 200 KB)
 MAX_CALIBRATION_BYTES = 1 << 20  # a saved calibration (JSON)
+MAX_DATA_BYTES = 16 << 30  # a prompt file (jsonl or parquet; GSM8K's train split: 4 MB)
+MAX_DATA_ROW_BYTES = 16 << 20  # one line of a jsonl prompt file
 # a checkpoint's config.json, safetensors index, generation or tokenizer config (a 405B model's
 # index is about 100 KB)
 MAX_CHECKPOINT_JSON_BYTES = 16 << 20

@@ -3,7 +3,9 @@
 Keys (all optional): ``ranks`` (CPU ranks, each playing one GPU of the virtual cluster; default
 the cluster's GPU count), ``memory_per_rank_gb`` (the virtual device capacity of each rank, for
 the planner and the runtime's accounting; default ``cluster.memory_per_gpu_gb``), ``reward``
-(``task``: the rule-based task reward, default; ``model``: the reward model's score),
+(``task``: the rule ``reward.fn`` on the decoded responses, default; ``model``: the reward
+model's score), ``val_every``, ``val_samples``, ``log_samples``, ``tensorboard``, ``wandb``
+(validation and metrics: :mod:`nereus.config.outputs`),
 ``policy`` (``adaptive``: the controller, default; ``static``: what a fixed-plan framework runs —
 the initial TP/PP of every model-stage kept, DP re-fit only when the plan no longer fits), ``steps``, ``seed``, ``max_new_tokens`` (generation limit; default
 ``job.gen_len``), ``temperature``, ``lr``, ``kl_coef``, ``clip``, ``gae_lambda``, ``adapt``
@@ -51,6 +53,7 @@ from typing import Any
 
 from nereus.config import fields as f
 from nereus.config.failures import FailureOptions, parse_failures
+from nereus.config.outputs import OUTPUT_KEYS, OutputOptions, parse_outputs
 from nereus.config.save_hf import SaveHfOptions, parse_save_hf
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
@@ -62,7 +65,7 @@ KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coe
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
         "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed",
-        "save_hf")
+        "save_hf", *OUTPUT_KEYS)
 EVENT_KINDS = ("remove_node", "add_node", "drain_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
@@ -147,7 +150,7 @@ class RunConfig:
     save_state: str = ""
     inject_failure: tuple[int, int] | None = None  # (global rank, step; -1 = at start)
     memory_per_rank_gb: float = 0.0  # 0: the cluster's memory per GPU
-    reward: str = "task"  # task: the rule-based task reward; model: the reward model's score
+    reward: str = "task"  # task: reward.fn (nereus.config.data); model: the reward model's score
     policy: str = "adaptive"  # adaptive: the controller; static: initial TP/PP, DP re-fit only
     capacity_drop: tuple[int, float] | None = None  # (step, GB per rank from that step on)
     failures: FailureOptions = field(default_factory=FailureOptions)
@@ -160,6 +163,7 @@ class RunConfig:
     inject_oom: tuple[int, int] | None = None  # (global rank, step): an out-of-memory there
     train_engine: str = "megatron"  # megatron | deepspeed (ZeRO units for the trainers)
     deepspeed: ZeroRunOptions = field(default_factory=ZeroRunOptions)
+    outputs: OutputOptions = field(default_factory=OutputOptions)  # nereus.config.outputs
     save_hf: SaveHfOptions = field(default_factory=SaveHfOptions)  # nereus.config.save_hf
 
     @property
@@ -173,7 +177,8 @@ class RunConfig:
         return self.ranks - self.late_ranks
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in KEYS}
+        d = {k: getattr(self, k) for k in KEYS if k not in OUTPUT_KEYS}
+        d.update(self.outputs.to_dict())
         d["events"] = [e.to_dict() for e in self.events]
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
         d["failures"] = self.failures.to_dict()
@@ -191,8 +196,9 @@ class RunConfig:
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
                                                    "inject_oom", "generation",
-                                                   "train_engine", "deepspeed",
-                                                   "save_hf")}
+                                                   "train_engine", "deepspeed", "save_hf")
+                and k not in OUTPUT_KEYS}
+        rest["outputs"] = OutputOptions.from_dict(d)
         rest["save_hf"] = SaveHfOptions.from_dict(d.get("save_hf"))
         rest["train_engine"] = str(d.get("train_engine", "megatron"))
         rest["deepspeed"] = ZeroRunOptions.parse(d.get("deepspeed"))
@@ -350,6 +356,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         train_engine=f.choice("runtime.train_engine", raw.get("train_engine", "megatron"),
                               TRAIN_ENGINES),
         deepspeed=ZeroRunOptions.parse(raw.get("deepspeed")),
+        outputs=parse_outputs(raw),
         save_hf=parse_save_hf(raw.get("save_hf"), setup),
     )
     _check_zero(rc, raw, setup)

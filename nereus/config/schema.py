@@ -22,7 +22,7 @@ CORE_SECTIONS = ("job", "models", "cluster", "controller")
 REQUIRED_SECTIONS = ("models", "cluster")
 # Sections another module validates: they are passed through raw, as read-only mappings.
 # To add one, append its name here and read it with ``Config.section(name)``.
-EXTENSION_SECTIONS = ("runtime",)
+EXTENSION_SECTIONS = ("runtime", "data", "reward")
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,7 @@ def write_metadata(folder: str, re: RoleExport, spec: Any, files: tuple[ExportFi
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump(_config(re, spec, special), fh, indent=2)
     copied = set()
-    for source in (re.source.directory if re.source else None, tokenizer_dir):
+    for source in (tokenizer_dir, re.source.directory if re.source else None):  # run's first
         if not source:
             continue
         for name in TOKENIZER_FILES:

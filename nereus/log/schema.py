@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 FORMAT_NAME = "nereus-run-log"
-SCHEMA_VERSION = 2  # 2: stage_times and fixed_costs (live calibration)
+SCHEMA_VERSION = 3  # 2: stage_times and fixed_costs (live calibration); 3: metrics, batches,
+#                     samples, validation (the data, rewards and validation of nereus run)
 
 # Root attributes.
 ATTR_FORMAT = "nereus_log_format"  # == FORMAT_NAME
@@ -217,6 +218,75 @@ TABLES: tuple[Table, ...] = (
             Column("seconds", "f8", "s", "seconds per event"),
         ),
         since=2,
+    ),
+    Table(
+        "metrics",
+        256,
+        "per-step scalars beyond /steps: losses, KL, reward-model score, reward failures",
+        (
+            _STEP,
+            Column("name", "name", "", "metric (loss/actor-train, loss/critic-train, kl, "
+                   "reward/model_score, reward/errors)"),
+            Column("value", "f8", "", "its value in the step"),
+        ),
+        since=3,
+    ),
+    Table(
+        "batches",
+        256,
+        "one row per finished step: the prompts it took and every response's reward",
+        (
+            _STEP,
+            Column("epoch", "i8", "epochs", "epoch of the step's first prompt in the sample order"),
+            Column("position", "i8", "prompts", "prompts consumed before the step"),
+            Column("errors", "i4", "responses", "responses scored 0 after reward.fn failed "
+                   "(reward.on_error: zero)"),
+            Column("rows", "json", "", "list: each prompt's row in data.train (0-based), in "
+                   "the step's order"),
+            Column("rewards", "json", "", "list: each response's reward, in the step's order "
+                   "(response i answers prompt i // samples_per_prompt)"),
+        ),
+        since=3,
+    ),
+    Table(
+        "samples",
+        256,
+        "a few responses of each step as text (runtime.log_samples), with their rewards",
+        (
+            _STEP,
+            Column("seq", "i4", "", "the response's index in the step"),
+            Column("row", "i8", "", "its prompt's row in data.train (0-based)"),
+            Column("reward", "f8", "", "its reward"),
+            Column("response", "json", "", "string: the decoded response (special tokens "
+                   "skipped), what reward.fn scored"),
+        ),
+        since=3,
+    ),
+    Table(
+        "validation",
+        64,
+        "one row per validation run (runtime.val_every) after a step",
+        (
+            _STEP,
+            Column("prompts", "i4", "prompts", "validation prompts"),
+            Column("reward", "f8", "", "mean reward of the greedy responses"),
+            Column("pass_at_1", "f8", "fraction", "greedy responses whose reward reaches "
+                   "reward.pass_threshold"),
+            Column("len_mean", "f8", "tokens", "mean length of the greedy responses"),
+            Column("samples", "i4", "", "sampled responses per prompt (runtime.val_samples; "
+                   "0: none)"),
+            Column("sampled_reward", "f8", "", "mean reward of the sampled responses (NaN: "
+                   "none)"),
+            Column("sampled_pass_at_1", "f8", "fraction", "sampled responses that pass (NaN: "
+                   "none)"),
+            Column("pass_at_k", "f8", "fraction", "prompts with at least one passing sampled "
+                   "response (NaN: none)"),
+            Column("errors", "i4", "responses", "responses scored 0 after reward.fn failed"),
+            Column("seconds", "f8", "s", "time the validation took"),
+            Column("detail", "json", "", "object: per-prompt greedy rewards and lengths, "
+                   "responses_sha256 (of every greedy response's ids)"),
+        ),
+        since=3,
     ),
 )
 

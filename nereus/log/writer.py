@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -178,6 +178,10 @@ class RunLogWriter:
         self._last_step = last_step
         self._closed = False
         self._lock = threading.RLock()  # flush/close from a preempted rank's watch thread
+        # called with (table, values) of every row once it is buffered, and once the log is
+        # closed, whoever closes it (nereus.log.sinks: TensorBoard, wandb)
+        self.observers: list[Callable[[str, Mapping[str, Any]], None]] = []
+        self.on_close: list[Callable[[], None]] = []
         self.log_event(-1 if last_step < 0 else last_step, "run-start", start)
         try:
             self.flush()
@@ -228,6 +232,11 @@ class RunLogWriter:
         return self
 
     @property
+    def created_unix_s(self) -> float:
+        """When the log was created (a continued log: its first segment)."""
+        return float(self._file.attrs[S.ATTR_CREATED])
+
+    @property
     def last_step(self) -> int:
         """The highest step logged so far (a continued log: its earlier segments' too)."""
         return self._last_step
@@ -238,6 +247,12 @@ class RunLogWriter:
         """Validate and buffer one row; its JSON values go to the heap only if all fields pass."""
         with self._lock:
             self._row_unlocked(table, values)
+            for observe in self.observers:
+                observe(table, values)
+
+    def log_row(self, table: str, values: Mapping[str, Any]) -> None:
+        """One row of ``table`` (every column given; checked against the schema)."""
+        self._row(table, values)
 
     def _row_unlocked(self, table: str, values: Mapping[str, Any]) -> None:
         if self._closed:
@@ -508,6 +523,9 @@ class RunLogWriter:
             self._flush()
             self._closed = True
             self._file.close()
+            for done in self.on_close:
+                with contextlib.suppress(Exception):  # a sink's failure is not the log's
+                    done()
 
     def image(self) -> bytes:
         """The bytes of a closed in-memory log (``memory=True``)."""

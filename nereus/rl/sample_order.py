@@ -1,19 +1,30 @@
 """The global sample order: which prompt every step and every DP replica sees.
 
-Position ``p`` counts prompts consumed since the start of the run. Epoch ``e = p // N`` of a
-dataset of ``N`` prompts is a permutation drawn from ``(seed, e)`` alone, so the order does not
-depend on the plan: a replica with DP rank ``r`` of ``dp`` takes the contiguous slice ``r`` of the
-step's global batch, and after any transition the new replicas derive their slices from their DP
-rank and ``p`` — no sample is repeated or skipped. Where ``dp`` does not divide the batch (uneven
-DP, ``nereus.spec.job.PlanSpace.uneven_dp``) the first ``n mod dp`` replicas take ``⌈n/dp⌉``
-sequences and the others ``⌊n/dp⌋``: the slices still tile the batch in order.
+Position ``p`` counts prompts consumed since the start of the run; step ``s`` of a job with
+global batch ``B`` takes positions ``s·B .. s·B + B − 1``. Epoch ``e = p // N`` of a dataset of
+``N`` prompts is a permutation drawn from ``(seed, e)`` alone, so every prompt is taken exactly
+once per epoch and the order does not depend on the plan: a replica with DP rank ``r`` of ``dp``
+takes the contiguous slice ``r`` of the step's global batch, and after any transition the new
+replicas derive their slices from their DP rank and ``p`` — no sample is repeated or skipped.
+Where ``dp`` does not divide the batch (uneven DP, ``nereus.spec.job.PlanSpace.uneven_dp``) the
+first ``n mod dp`` replicas take ``⌈n/dp⌉`` sequences and the others ``⌊n/dp⌋``: the slices
+still tile the batch in order. A run that loses ranks, is preempted and resumed, or redoes a
+step goes on from the step counter alone: the order needs no state of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+
+
+@lru_cache(maxsize=4)
+def _permutation(dataset_size: int, seed: int, epoch: int) -> np.ndarray:
+    perm = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(dataset_size)
+    perm.setflags(write=False)
+    return perm
 
 
 @dataclass(frozen=True)
@@ -26,8 +37,11 @@ class SampleOrder:
             raise ValueError("dataset_size must be positive")
 
     def _epoch(self, epoch: int) -> np.ndarray:
-        rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-        return rng.permutation(self.dataset_size)
+        return _permutation(self.dataset_size, self.seed, epoch)
+
+    def epoch_of(self, position: int) -> int:
+        """The epoch global position ``position`` falls in."""
+        return position // self.dataset_size
 
     def indices(self, start: int, count: int) -> np.ndarray:
         """Dataset indices of global positions ``start .. start+count-1``."""
@@ -41,6 +55,10 @@ class SampleOrder:
             filled += take
             pos += take
         return out
+
+    def step_indices(self, step: int, global_batch: int) -> np.ndarray:
+        """Dataset indices of the prompts of step ``step`` (``global_batch`` per step)."""
+        return self.indices(step * global_batch, global_batch)
 
 
 def replica_slice(global_batch: int, dp: int, dp_rank: int) -> tuple[int, int]:

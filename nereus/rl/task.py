@@ -14,6 +14,13 @@ rewarded responses get longer — the length drift the controller reacts to aris
 Character-level tokenizer with a tiny vocabulary of ``VOCAB_SIZE`` = 8 ids: ``PAD`` 0, ``EOS``
 1 (``"\\n"``), ``SEP`` 2 (``":"``), then the letters. Models of the task need ``vocab_size``
 ≥ ``VOCAB_SIZE`` (ids above it are never correct; the example config uses exactly 8).
+
+The runtime trains the task as data like any user's: this module writes the files shipped in
+``nereus/data/pattern`` (``python -m nereus.rl.task DIR``): ``train.jsonl`` (the prompts of
+indices 0..4095 with their patterns as answers), ``val.jsonl`` (64 prompts of another seed) and
+the tokenizer (``tokenizer.json`` and ``tokenizer_config.json``, built with ``tokenizers``: the
+same ids, PAD ``<pad>`` and EOS ``</s>`` as special tokens); the reward is the function in
+``nereus/data/pattern/reward.py`` (:data:`REWARD_FN`), scoring the decoded response.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ SPECIAL = {"\n": EOS, ":": SEP}
 VOCAB_SIZE = 3 + len(ALPHABET)
 _ID = {**SPECIAL, **{c: 3 + i for i, c in enumerate(ALPHABET)}}
 _CHAR = {v: k for k, v in _ID.items()}
+PAD_TOKEN, EOS_TOKEN = "<pad>", "</s>"
+TRAIN_ROWS, VAL_ROWS, VAL_SEED = 4096, 64, 1
+REWARD_FN = "nereus:pattern/reward.py:pattern_reward"
 
 
 def encode(text: str) -> list[int]:
@@ -84,23 +94,45 @@ class PatternTask:
         run, matches = self.counts(prompt, response_tokens)
         return self.credit * (run + matches)
 
-    def reward_text(self, prompt: str, response: str) -> float:
-        """The same credit counted on characters of a decoded response (up to its first EOS):
-        the reward of a model with another tokenizer (a Hugging Face checkpoint's)."""
-        want = self.pattern_of(prompt)
-        run, matches, running = 0, 0, True
-        for i, ch in enumerate(response[: self.credit_len]):
-            hit = bool(want) and ch == want[i % len(want)]
-            matches += hit
-            running = running and hit
-            run += running
-        return self.credit * (run + matches)
+
+def build_tokenizer() -> object:
+    """The task's tokenizer as a transformers ``PreTrainedTokenizerFast`` (ids as ``_ID``)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD_TOKEN: PAD, EOS_TOKEN: EOS, ":": SEP,
+             **{c: 3 + i for i, c in enumerate(ALPHABET)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([PAD_TOKEN, EOS_TOKEN])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN,
+                                   pad_token=PAD_TOKEN, model_max_length=4096)
 
 
-def task_identity(seed: int) -> dict[str, object]:
-    """The identity of the prompts of the built-in task a run with ``seed`` trains on: the
-    ``data`` part of the job fingerprint (:mod:`nereus.config.fingerprint`)."""
-    from dataclasses import asdict
+def rows(task: PatternTask, count: int) -> list[dict[str, str]]:
+    return [{"prompt": task.prompt(i), "answer": task.pattern_of(task.prompt(i))}
+            for i in range(count)]
 
-    return {"source": "built-in pattern task", **asdict(PatternTask(seed=seed)),
-            "alphabet": ALPHABET, "vocab_size": VOCAB_SIZE}
+
+def write_files(folder: str) -> None:
+    """The shipped files of the task into the existing folder ``folder``."""
+    import json
+    import os
+
+    for name, task, count in (("train.jsonl", PatternTask(seed=0), TRAIN_ROWS),
+                              ("val.jsonl", PatternTask(seed=VAL_SEED), VAL_ROWS)):
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows(task, count))
+    build_tokenizer().backend_tokenizer.save(  # type: ignore[attr-defined]
+        os.path.join(folder, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
+              "pad_token": PAD_TOKEN, "model_max_length": 4096}  # transformers 4.x and 5.x
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as fh:
+        json.dump(config, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_files(sys.argv[1])

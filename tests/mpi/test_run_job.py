@@ -24,39 +24,41 @@ ADAM_LR = 1e-3  # runtime.lr default
 
 def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> None:
     log = tmp_path / "run.h5"
-    res = nereus("run", "examples/ppo-tiny-cpu.yaml", "--ranks", "4", "--steps", "3",
+    res = nereus("run", "examples/ppo-tiny-cpu.yaml", "--ranks", "4", "--steps", "4",
                  "--log", str(log), "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 3 and len(summary["rewards"]) == 3
+    assert summary["steps"] == 4 and len(summary["rewards"]) == 4
     assert all(set(loss) == {"actor-train", "critic-train"} for loss in summary["losses"])
     assert all(np.isfinite(v) for loss in summary["losses"] for v in loss.values())
-    assert "step   3/3" in res.stderr  # the live progress line (stdout goes to stderr with --json)
-    # The embedded task is learned: a random policy already scores (partial credit), and within
-    # three PPO steps (lr 0.005, 4 updates each) the rewarded responses get longer — seed 0
-    # measured 0.44 → 0.61 → 1.98 reward and 6.7 → 9.8 → 29.6 tokens; the bound leaves room.
+    assert "step   4/4" in res.stderr  # the live progress line (stdout goes to stderr with --json)
+    # The pattern task (read as data: its jsonl, tokenizer and reward function) is learned: a
+    # random policy already scores (partial credit), and within four PPO steps (lr 0.005, 4
+    # updates each) the rewarded responses get longer — seed 0 measured 0.72 → 0.42 → 1.06 →
+    # 1.27 reward and 8.6 → 6.9 → 14.4 → 15.2 tokens before the attention masks (issue 30; the
+    # test passed after them too); the bound leaves room.
     rewards, lengths = summary["rewards"], summary["lengths"]
     assert 0.1 < rewards[0] < 1.0
-    assert rewards[2] > 1.5 * rewards[0] and lengths[2] > 1.5 * lengths[0], (rewards, lengths)
+    assert rewards[3] > 1.5 * rewards[0] and lengths[3] > 1.5 * lengths[0], (rewards, lengths)
     rep = nereus("report", str(log), "--json", "--no-plots")
     assert rep.returncode == 0, rep.stderr
     data = json.loads(rep.stdout)
-    assert data["steps"] == 3 and data["closed"]
+    assert data["steps"] == 4 and data["closed"]
     from nereus.log.reader import read_run_log
 
     run = read_run_log(log)
-    assert run.closed and list(run.steps["step"]) == [0, 1, 2]
+    assert run.closed and list(run.steps["step"]) == [0, 1, 2, 3]
     assert np.all(run.steps["step_s"] > 0)
     # Live calibration: every step every model-stage's time against its prediction, the samples
     # the calibration took from them, and the refitted efficiencies and fixed costs.
     stages = {sp["name"] for sp in run.initial_plan["stages"]}
     st = run.tables["stage_times"]
-    for step in (0, 1, 2):
+    for step in (0, 1, 2, 3):
         assert set(st["model_stage"][st["step"] == step].tolist()) == stages, step
         assert set(run.tables["calibration_samples"]["step"].tolist()) >= {step}
         assert step in set(run.tables["fixed_costs"]["step"].tolist())
     assert np.all(st["predicted_s"] > 0) and np.all(st["measured_s"] > 0)
-    assert set(data["stage_time_error"]["per_step_mape_pct"]) == {"0", "1", "2"}
+    assert set(data["stage_time_error"]["per_step_mape_pct"]) == {"0", "1", "2", "3"}
 
 
 README_RUNS = 3  # the ratio band is judged over this many runs' transitions
@@ -84,18 +86,23 @@ def _check_readme_claims(summary: dict[str, Any], run: Any) -> list[tuple[float,
     """What README.md (*Status*, the main run) states about ``nereus run
     examples/ppo-tiny-cpu.yaml``; returns (measured, predicted, executor) of every transition
     that moved state."""
-    # the task is learned within the 8 steps: reward 0.44 → 3.39, mean length 6.7 → 52 tokens
+    # the task is learned within the 8 steps: reward 0.73 -> 2.47, mean length 8.5 -> 38 tokens
+    # (sampling does not depend on the plan: the same in every run)
     assert summary["steps"] == 8 and run.closed and list(run.steps["step"]) == list(range(8))
     rewards, lengths = summary["rewards"], summary["lengths"]
-    assert round(rewards[0], 2) == 0.44 and rewards[-1] >= 3.39, rewards
-    assert round(lengths[0], 1) == 6.7 and lengths[-1] >= 52.0, lengths
+    assert round(rewards[0], 2) == 0.73 and rewards[-1] >= 2.46, rewards
+    assert round(lengths[0], 1) == 8.5 and lengths[-1] >= 38.0, lengths
     # node 1 leaves after step 4 and returns after step 6; the steps run on its ranks or not
     pools = [(d.get("remove_node"), d.get("add_node"), int(k))
              for k, kind, d in zip(run.events["step"], run.events["kind"], run.events["detail"],
                                    strict=True) if kind == "gpu-pool-change"]
     assert pools == [(1, None, 3), (None, 1, 5)], pools
     assert list(run.steps["pool_gpus"]) == [8, 8, 8, 8, 4, 4, 8, 8]
-    replan = {int(c["step"]) - 1: c for c in run.tables["replans"]["candidates"]}
+    rp, ad = run.tables["replans"], run.tables["admissions"]
+    triggers = {int(k) + 1: set(str(t).split(",")) for k, t in zip(rp["step"], rp["trigger"],
+                                                                   strict=True)}
+    path = {int(k) + 1: (str(p), bool(a)) for k, p, a in zip(ad["step"], ad["path"],
+                                                             ad["admitted"], strict=True)}
     tr = run.tables["transitions"]
     after = [int(k) + 1 for k in tr["step"]]  # "after step N", 1-based as README counts
     plans = [run.initial_plan, *tr["plan"]]
@@ -103,26 +110,24 @@ def _check_readme_claims(summary: dict[str, Any], run: Any) -> list[tuple[float,
     moved = []
     for i, (n, d, prims, nbytes) in enumerate(zip(after, tr["dag"], tr["primitives"],
                                                   tr["transfer_bytes"], strict=True)):
-        why = replan[n - 1]
-        # every change is urgent, admitted on the urgent path, and planned once
-        assert d["kind"] == "urgent" and why["urgent"] and why["admitted"], (n, d, why)
+        assert path[n][1] and d["kind"] == path[n][0], (n, d, path[n])  # admitted, as logged
         assert d["compilations"] == 1, d
-        if n == 3:  # the longer responses outgrow the trainers' memory: a DAG
-            assert "memory" in why["triggers"] and d["executor"] == "dag" and prims, (n, d)
-        elif n == 4:  # node 1 leaves with every replica of some model-stage: gather-and-reload
-            assert "pool" in why["triggers"] and sorted(why["lost_gpus"]) == sorted(node1)
+        if n == 4:  # node 1 leaves with every replica of critic-train: gather-and-reload
+            assert "pool" in triggers[n] and d["kind"] == "urgent", (n, d, triggers[n])
             assert d["executor"] == "gather-reload" and "every replica of" in d["reason"], d
-        elif n == 7:  # memory again, now onto the GPUs of node 1: a DAG
-            assert "memory" in why["triggers"] and d["executor"] == "dag" and prims, (n, d)
+        elif n == 6:  # node 1 is back: a DAG moves the job onto its GPUs
+            assert "pool" in triggers[n] and d["executor"] == "dag" and prims, (n, d)
             used = {g for sp in plans[i + 1]["stages"] for r in sp["replicas"] for g in r}
             assert used & node1, used
-        else:  # on a loaded host one more change may come on memory (after step 5 in our runs)
-            assert "memory" in why["triggers"] and d["executor"] == "dag", (n, d, why)
-            assert bool(prims) == (int(nbytes) > 0), (n, prims, nbytes)
-            if not prims:  # smaller micro-batches with recomputation: nothing to move
-                continue
-        moved.append((float(tr["measured_s"][i]), float(tr["predicted_s"][i]), d["executor"]))
-    assert {3, 4, 7} <= set(after), after
+        elif n == 7:  # the longer responses outgrow memory: smaller micro-batches, no move
+            assert "memory" in triggers[n] and d["kind"] == "urgent", (n, d, triggers[n])
+            assert d["executor"] == "dag" and not prims and int(nbytes) == 0, (n, d)
+        else:  # on some hosts one or two more changes that move nothing (after steps 2, 5)
+            assert d["executor"] == "dag" and not prims and int(nbytes) == 0, (n, d, prims)
+        if prims or d["executor"] == "gather-reload":
+            moved.append((float(tr["measured_s"][i]), float(tr["predicted_s"][i]),
+                          d["executor"]))
+    assert {4, 6, 7} <= set(after), after
     # the closed loop: stage times against predictions and refitted fixed costs every step
     assert set(run.tables["stage_times"]["step"].tolist()) == set(range(8))
     assert set(run.tables["fixed_costs"]["step"].tolist()) == set(range(8))
@@ -143,7 +148,7 @@ def test_the_readme_main_job_as_written(tmp_path: Path) -> None:
         summary, run, load = _readme_run(tmp_path, i)
         moved += _check_readme_claims(summary, run)
         loads += load
-    assert len(moved) >= 3 * README_RUNS
+    assert len(moved) >= 2 * README_RUNS
     ratios = [round(m / p, 2) for m, p, _ in moved]
     # whatever the load, the prediction has the right order of magnitude
     assert all(0.1 < r < 10 for r in ratios), ratios

@@ -90,6 +90,11 @@ def test_config_check_ok_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")),
                          ids=lambda p: p.name)
-def test_every_example_passes_config_check(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_example_passes_config_check(path: Path, capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    from support.hf_checkpoints import example_on_a_checkpoint
+
+    path = example_on_a_checkpoint(path, tmp_path)  # the checkpoint the example names, made
+    capsys.readouterr()
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out.startswith(f"OK {path}: ")

@@ -156,8 +156,12 @@ def test_a_partial_node_plans_on_its_first_gpus(capsys: pytest.CaptureFixture[st
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_has_a_feasible_plan(
-    path: Path, capsys: pytest.CaptureFixture[str]
+    path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    from support.hf_checkpoints import example_on_a_checkpoint
+
+    path = example_on_a_checkpoint(path, tmp_path)  # the checkpoint the example names, made
+    capsys.readouterr()  # transformers' progress bars while writing it
     rc, obj = _json(["plan", str(path)], capsys)
     assert rc == 0 and obj["feasible"] is True, obj
     assert obj["peak_memory_bytes"] <= obj["capacity_bytes"]

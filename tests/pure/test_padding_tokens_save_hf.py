@@ -1,4 +1,4 @@
-"""Masks of padded batches, the text-codec seam and ``runtime.save_hf`` (pure: no process).
+"""Masks of padded batches, the special-token rule and ``runtime.save_hf`` (pure: no process).
 
 The masks' effect on real models (a padded row's logits, samples and losses equal the row
 alone): ranks/test_hf_checkpoints.py.
@@ -17,8 +17,7 @@ from nereus.config.schema import parse_config
 from nereus.engines.backend import GenRequest
 from nereus.engines.masks import attention_mask, decode_mask, full_valid, positions_of
 from nereus.errors import ConfigError
-from nereus.rl.task import EOS, PAD, PatternTask, encode
-from nereus.rl.tokens import SpecialTokens, TaskCodec, TextCodec, response_ids
+from nereus.rl.tokens import SpecialTokens, response_ids, special_tokens_of
 
 VALID = torch.tensor([[False, False, True, True], [True, True, True, True]])
 
@@ -51,19 +50,19 @@ def test_gen_request_checks_and_drops_padding_for_engines_without_masks() -> Non
         GenRequest(prompts, np.arange(2), 0, 0, 4, eos_ids=())
 
 
-def test_the_task_codec_is_the_pattern_vocabulary_and_text_rewards_agree() -> None:
-    codec = TaskCodec()
-    assert isinstance(codec, TextCodec)
-    assert codec.special == SpecialTokens((EOS,), PAD) and codec.ids_reward
-    task = PatternTask()
-    rng = np.random.default_rng(0)
-    for i in range(200):
-        prompt = task.prompt(i)
-        ids = [int(x) for x in rng.integers(1, 8, size=int(rng.integers(0, 12)))]
-        text = codec.decode(response_ids(ids, codec.special))
-        assert task.reward_text(prompt, text) == task.reward(prompt, ids), (prompt, ids)
+def test_one_rule_gives_eos_pad_and_bos_and_responses_end_at_the_first_eos() -> None:
+    # generation_config's EOS ids first (several), then the tokenizer's, then config.json's
+    got = special_tokens_of(5, None, None, {"eos_token_id": [7, 5]}, {"eos_token_id": 9})
+    assert got == SpecialTokens((7, 5, 9), 7)  # no PAD anywhere: the first EOS
+    got = special_tokens_of(5, 3, 2, {"eos_token_id": 7, "pad_token_id": 4}, {})
+    assert got == SpecialTokens((7, 5), 3, 2)  # the tokenizer's PAD wins
+    assert special_tokens_of(None, None, None, {"pad_token_id": 4}, {"eos_token_id": 1}
+                             ) == SpecialTokens((1,), 4)
+    assert special_tokens_of(None, 0, None, None, {"eos_token_id": [True, -1, "x"]}) is None
+    with pytest.raises(ValueError, match="EOS"):
+        SpecialTokens((), 0)
     assert response_ids([4, 5, 1, 6], SpecialTokens((1, 6), 0)) == [4, 5]
-    assert codec.encode("ab:") == encode("ab:")
+    assert response_ids([4, 5], SpecialTokens((1,), 0)) == [4, 5]
 
 
 JOB = """

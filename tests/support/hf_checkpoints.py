@@ -22,6 +22,7 @@ FAMILIES: dict[str, TinyModel] = {
     "mistral": TinyModel(family="mistral", heads=8, sliding_window=256, seed=4),
 }
 EXTRA: dict[str, TinyModel] = {
+    "qwen2": TinyModel(),  # what ``python -m nereus.tools.tiny_checkpoint DIR`` writes
     "qwen2-reward": TinyModel(family="qwen2", head="score", seed=5),
     "llama31-bf16": TinyModel(family="llama", rope_scaling=LLAMA31_SCALING,
                               rope_theta=500000.0, norm_eps=1e-5, dtype="bfloat16",
@@ -56,3 +57,17 @@ def checkpoint(name: str) -> Path:
 
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def example_on_a_checkpoint(path: Path, tmp: Path) -> Path:
+    """``path`` (an example config) as it runs once ``python -m nereus.tools.tiny_checkpoint
+    runs/tiny-qwen2`` has written its checkpoint: a copy in ``tmp`` naming the tiny Qwen2
+    checkpoint, its data paths still read from the examples folder; other examples as they
+    are."""
+    text = path.read_text()
+    if "checkpoint: runs/tiny-qwen2" not in text:
+        return path
+    out = tmp / path.name
+    out.write_text(text.replace("runs/tiny-qwen2", str(checkpoint("qwen2"))).replace(
+        "../tests/data/", f"{path.parent.parent}/tests/data/"))
+    return out

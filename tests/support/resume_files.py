@@ -19,9 +19,12 @@ from nereus.runtime.failures.resume_check import expected_for, run_fingerprint
 
 def job_of(config: Path, steps: int | None = None) -> tuple[Any, Any, Any]:
     """(run options, setup, fingerprint) of ``config`` as ``nereus run`` reads it."""
+    from nereus.rl.inputs import load_inputs
+
     cfg = load_config(str(config))
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, steps=steps)
-    return rc, setup, run_fingerprint(cfg, rc)
+    inputs, setup = load_inputs(cfg, str(config), rc, setup)
+    return rc, setup, run_fingerprint(cfg, rc, inputs.fingerprint())
 
 
 def _counters(updates: int) -> Any:
@@ -170,8 +173,7 @@ def _reshape_first(arrays: dict[str, Any]) -> None:
 
 
 def _seed_7(parts: dict[str, Any]) -> None:
-    parts["seed"] = 7
-    parts["data"]["seed"] = 7
+    parts["seed"] = 7  # data.seed is runtime.seed: the data part does not repeat it
 
 
 def _wide(parts: dict[str, Any]) -> None:

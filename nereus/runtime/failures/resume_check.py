@@ -423,10 +423,9 @@ def _step_of(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def run_fingerprint(cfg: Any, rc: Any) -> Fingerprint:
+def run_fingerprint(cfg: Any, rc: Any, data: Any) -> Fingerprint:
     """The fingerprint of ``nereus run``'s job: the config ``cfg`` run with ``rc.seed`` on the
-    built-in task's prompts."""
+    data ``data`` (:meth:`nereus.rl.inputs.RunInputs.fingerprint`)."""
     from nereus.config.fingerprint import job_fingerprint
-    from nereus.rl.task import task_identity
 
-    return job_fingerprint(cfg, rc.seed, task_identity(rc.seed))
+    return job_fingerprint(cfg, rc.seed, data)

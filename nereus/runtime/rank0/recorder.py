@@ -20,6 +20,7 @@ from nereus.config.schema import Config
 from nereus.control.controller import Decision
 from nereus.log.writer import RunLogWriter
 from nereus.runtime.rank0.controller import plan_label
+from nereus.runtime.rank0.records import record_batch
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
@@ -51,6 +52,14 @@ class RunRecorder:
                     if append else
                     RunLogWriter(path, {**meta, **job}, _raw_config(cfg, rc),
                                  initial_plan=plan.to_dict(), start=job))
+        from nereus.log.sinks import open_sinks
+
+        self.sinks = open_sinks(rc.outputs, _raw_config(cfg, rc), path,  # TensorBoard, wandb
+                                self.log.created_unix_s)
+        self.log.observers.append(self.sinks.row)
+        self.log.on_close.append(self.sinks.close)  # finished, preempted or failed alike
+        if not append:
+            self.sinks.plan(plan.to_dict(), 0)
         self.rows: list[dict[str, Any]] = []
         self.transitions = 0
         self.transition_s = 0.0
@@ -61,6 +70,15 @@ class RunRecorder:
     def event(self, step: int, kind: str, payload: dict[str, Any]) -> None:
         self.log.log_event(step, kind, payload)
 
+    def data(self, summary: dict[str, Any]) -> None:
+        """The run's data (:meth:`nereus.rl.inputs.RunInputs.summary`): an event and a line."""
+        self.log.log_event(0, "data", summary)
+        for s in summary["sets"]:
+            self.console.print(
+                f"{s['field']}: {s['kept']} prompts of {s['rows']} ({s['dropped']} longer than "
+                f"{summary['max_prompt_len']} tokens dropped), {s['prompt_len_mean']:.1f} tokens "
+                f"on average, at most {s['prompt_len_max']}; reward {summary['reward']}")
+
     def step(self, step: int, *, step_s: float, stage_s: dict[str, float],
              peaks: dict[int, int], pool_gpus: int, r0: dict[str, Any],
              plan: ExecutionPlan) -> None:
@@ -70,7 +88,10 @@ class RunRecorder:
                           gen_len_p95=r0["len_p95"], pool_gpus=pool_gpus, stage_s=stage_s,
                           peak_memory_bytes=peaks, reward=r0["reward"], tokens=r0["tokens"],
                           flush=False)
-        self.rows.append({"step": step, "reward": r0["reward"], "len": r0["len_mean"],
+        record_batch(self.log, step, r0, self.setup.job.reward_model)
+        val = r0.get("val")  # the record keeps its summary (rows travel to every rank)
+        val = {k: v for k, v in val.items() if k != "detail"} if val else None
+        self.rows.append({"step": step, "reward": r0["reward"], "len": r0["len_mean"], "val": val,
                           "step_s": step_s, "plan": plan_label(plan), "losses": r0["losses"],
                           "kl": r0["kl"], "tokens": r0["tokens"]})
 
@@ -111,8 +132,11 @@ class RunRecorder:
             f"step {step + 1:>3}/{self.rc.steps}  reward {row['reward']:.3f}  "
             f"len {row['len']:5.1f}  loss {losses}  {row['step_s']:6.2f} s  "
             f"plan {row['plan']}  transitions {self.transitions}"
-            + (f"  pool {len(pool_before)}→{len(pool)}" if pool_before != pool else ""))
+            + (f"  pool {len(pool_before)}→{len(pool)}" if pool_before != pool else "")
+            + (f"  val reward {row['val']['reward']:.3f} pass@1 {row['val']['pass_at_1']:.2f}"
+               if row.get("val") else ""))
         self.log.flush()
+        self.sinks.flush()
 
     def transition(self, step: int, target: dict[str, Any], plan: ExecutionPlan,
                    measured_s: float, moved_bytes: int, lost: list[str],
@@ -128,6 +152,7 @@ class RunRecorder:
                                 primitives or [], moved_bytes,
                                 float(target.get("predicted_s", 0.0)), measured_s,
                                 plan=plan.to_dict())
+        self.sinks.flush()
         if lost:
             self.log.log_event(step, "restart", {"state_read_from_removed_ranks": lost})
         how = (f"DAG {len(primitives or [])} primitives" if executor == "dag"
@@ -162,6 +187,7 @@ class RunRecorder:
             "losses": [r["losses"] for r in self.rows],
             "lengths": [r["len"] for r in self.rows],
             "plans": [r["plan"] for r in self.rows],
+            "validation": [{"step": r["step"], **r["val"]} for r in self.rows if r.get("val")],
             "mean_step_s": float(np.mean([r["step_s"] for r in self.rows])) if self.rows else 0.0,
         }
         self.console.print(

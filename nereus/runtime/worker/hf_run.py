@@ -5,9 +5,9 @@ state comes from, the text codec of the run, the load report and the exports.
   :class:`nereus.hf.load.CheckpointSource` (each rank reads its own shard of its units); the
   others keep the random draw of a tp=1 model (:func:`nereus.runtime.worker.units.
   initial_global`).
-- Codec: the actor checkpoint's tokenizer (EOS, PAD, text) when the actor is a checkpoint, else
-  the task's own vocabulary (:mod:`nereus.rl.tokens`). The tokens reach every model as they
-  are, so the critic and reward checkpoints must embed the actor tokenizer's ids.
+- Codec: the run's one tokenizer (:func:`nereus.rl.inputs.load_inputs`: ``data.tokenizer``, else
+  the actor checkpoint's), checked there against every model's vocabulary; its special tokens
+  and folder go into the exports.
 - Load report: every rank's bytes read and seconds per role, logged by rank 0 as a
   ``checkpoint-load`` event.
 - Exports: ``runtime.save_hf`` (:mod:`nereus.hf.export`) at the due boundaries and when the run
@@ -19,16 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from nereus.config.checkpoint import ModelCheckpoint
-from nereus.errors import ConfigError
-from nereus.rl.tokens import TaskCodec, TextCodec
+from nereus.rl.data.tokenizer import TextCodec
 from nereus.runtime.mpi import frames
 
 
-def preflight(cfg: Any, rc: Any, setup: Any, fresh: bool) -> None:
-    """``nereus run`` before any rank starts: the actor's tokenizer against every model's
-    vocabulary, and (a fresh run) the export folder absent or empty (one line, exit 2)."""
-    if cfg.checkpoints:
-        HfRun(cfg, rc, setup)
+def preflight(rc: Any, fresh: bool) -> None:
+    """``nereus run`` before any rank starts: (a fresh run) the export folder absent or empty
+    (one line, exit 2)."""
     if rc.save_hf.enabled and fresh:
         from nereus.hf.export import check_export_dir
 
@@ -38,25 +35,12 @@ def preflight(cfg: Any, rc: Any, setup: Any, fresh: bool) -> None:
 class HfRun:
     """Built on every rank from the agreed config (its errors are the config's: one line)."""
 
-    def __init__(self, cfg: Any, rc: Any, setup: Any) -> None:
+    def __init__(self, cfg: Any, rc: Any, setup: Any, codec: TextCodec) -> None:
         self.rc, self.setup = rc, setup
         self.checkpoints: dict[str, ModelCheckpoint] = dict(cfg.checkpoints)
         self.sources: dict[str, Any] = {}
-        self.codec: TextCodec = TaskCodec()
-        self.tokenizer_dir: str | None = None
-        actor = self.checkpoints.get("actor")
-        if actor is not None:
-            from nereus.hf.tokenizer import load_codec
-
-            self.codec = load_codec(actor)
-            self.tokenizer_dir = actor.directory
-        for role, spec in setup.job.models:  # every model embeds the actor's token ids
-            if spec.vocab_size < self.codec.vocab_size:
-                ck = self.checkpoints.get(role)
-                raise ConfigError(f"models.{role}" + (".checkpoint" if ck else ""),
-                                  ck.directory if ck else spec.name,
-                                  f"vocab_size={spec.vocab_size} cannot embed the actor "
-                                  f"tokenizer's {self.codec.vocab_size} ids")
+        self.codec = codec  # the run's tokenizer (nereus.rl.inputs)
+        self.tokenizer_dir: str | None = codec.folder
 
     def initial_states(self, solo: Any) -> dict[str, Any]:
         """model-stage → its initial state: a checkpoint source or a drawn global state."""

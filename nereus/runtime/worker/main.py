@@ -161,16 +161,19 @@ def _report(args: argparse.Namespace, rank: int, detail: str) -> None:
             fh.write(f"rank {rank}: {detail}\n")
 
 
-def _configure(args: argparse.Namespace, detected: Any) -> tuple[Any, Any, Any]:
-    """(config, run options, setup) of the job, as every rank reads them (``detected``: the GPU
-    ``cluster.gpu: auto`` stands for, as rank 0 found it, or None)."""
+def _configure(args: argparse.Namespace, detected: Any) -> tuple[Any, Any, Any, Any]:
+    """(config, run options, setup, inputs) of the job, as every rank reads them (``detected``:
+    the GPU ``cluster.gpu: auto`` stands for, as rank 0 found it, or None); the setup plans
+    the data's prompt length (:func:`nereus.rl.inputs.load_inputs`)."""
     from nereus.config.load import load_config
     from nereus.config.run import parse_runtime
+    from nereus.rl.inputs import load_inputs
 
     cfg = load_config(args.config, detect_gpu=None if detected is None else lambda: detected)
     rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
                               steps=args.steps, host_cores=args.host_cores)
-    return cfg, rc, setup
+    inputs, setup = load_inputs(cfg, args.config, rc, setup)
+    return cfg, rc, setup, inputs
 
 
 def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
@@ -182,8 +185,6 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     from nereus.cluster.transport import summed
     from nereus.engines.vllm_engine import require_vllm
     from nereus.errors import ConfigError, InfeasiblePlanError
-    from nereus.rl.sample_order import SampleOrder
-    from nereus.rl.task import PatternTask
     from nereus.runtime.execution.gather_reload import gather_state
     from nereus.runtime.execution.plan_change import change_plan
     from nereus.runtime.failures.restart import load_restart, restored_controller
@@ -221,7 +222,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     detected = None if detected is None else GpuSpec(**detected)
 
     def setup_all() -> Any:
-        cfg, rc, setup = _configure(args, detected)
+        cfg, rc, setup, inputs = _configure(args, detected)
         require_vllm(rc.generation)
         if rc.train_engine == "deepspeed":  # imports, and DeepSpeed accepts its config
             from nereus.engines.deepspeed_engine import check_config, require_deepspeed
@@ -231,12 +232,12 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         if rc.start_ranks != plane.world_size and ft.resume is None:
             raise ConfigError("--ranks", plane.world_size, f"the MPI job has {plane.world_size} "
                               f"ranks, the config starts {rc.start_ranks}")
-        return cfg, rc, setup
+        return cfg, rc, setup, inputs
 
-    cfg, rc, setup = agreed(plane, setup_all)
-    hf = agreed(plane, lambda: HfRun(cfg, rc, setup))  # checkpoints, tokenizer, exports
+    cfg, rc, setup, inputs = agreed(plane, setup_all)
+    hf = agreed(plane, lambda: HfRun(cfg, rc, setup, inputs.codec))  # checkpoints, exports
     ft.preempt.configure(rc.failures.warning_s, rc.failures.kill_wait_s)
-    ft.fingerprint = run_fingerprint(cfg, rc)  # in every checkpoint, dump and log segment
+    ft.fingerprint = run_fingerprint(cfg, rc, inputs.fingerprint())  # checkpoints, dumps, logs
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
     elif ft.restart is None and (args.resume or rc.failures.resume):
@@ -293,6 +294,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                shared_parent=os.path.dirname(os.path.abspath(args.log)))
     if recorder is not None:
         recorder.event(0, "devices", devices_event(dev, rc))
+        recorder.data(inputs.summary())
     from datetime import timedelta
 
     from nereus.engines.megatron_model import StageGroups
@@ -327,7 +329,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         ft.resumed(plan, globs)
     hf.report_load(comm, rank, recorder)
     account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
-    inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed), hf.codec)
+    inp = StepInputs(setup, rc, inputs)
     version = 0
     pending: Rollout | None = None  # async: the next step's batch, generated ahead
     if start == 0 and ft.resume is None:  # the initial state too: a death in step 0 that takes

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,13 +26,13 @@ from nereus.engines.backend import GenRequest
 from nereus.engines.forward import response_logp, response_values, sequence_scores
 from nereus.engines.masks import full_valid
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
+from nereus.rl.inputs import RunInputs
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
-from nereus.rl.sample_order import SampleOrder, replica_slice
-from nereus.rl.task import PatternTask
-from nereus.rl.tokens import TaskCodec, TextCodec, response_ids
+from nereus.rl.sample_order import replica_slice
 from nereus.runtime.mpi.frames import allgather
 from nereus.runtime.worker.gen_engines import actor_gen_engine
 from nereus.runtime.worker.memory import MemoryAccount, resident_bytes
+from nereus.runtime.worker.rewards import batch_record, score_responses
 from nereus.runtime.worker.train import is_reporter, unit_forward_backward, unit_logits
 from nereus.runtime.worker.units import PlanUnits, allreduce_grads, zero_grads
 from nereus.spec.job import Setup
@@ -42,34 +42,22 @@ from nereus.spec.job import Setup
 class StepInputs:
     setup: Setup
     rc: RunConfig
-    task: PatternTask
-    order: SampleOrder
-    # prompts → ids, EOS and PAD (the task's own, or a checkpoint's tokenizer: rl/tokens.py)
-    codec: TextCodec = field(default_factory=TaskCodec)
+    data: RunInputs  # tokenizer, prompts, sample order, reward (nereus.rl.inputs)
 
 
-def prompt_batch(inp: StepInputs, step: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """The step's prompts (global order) left-padded to ``job.prompt_len`` tokens with the
-    codec's PAD, and [b, P] True on their real tokens (the padding is masked out of attention)."""
-    job = inp.setup.job
-    ids = inp.order.indices(step * job.global_batch, job.global_batch)
-    texts = [inp.task.prompt(int(i)) for i in ids]
-    pad = inp.codec.special.pad_id
-    rows, valid = [], []
-    for t in texts:
-        toks = inp.codec.encode(t)[-job.prompt_len:]
-        rows.append([pad] * (job.prompt_len - len(toks)) + toks)
-        valid.append([False] * (job.prompt_len - len(toks)) + [True] * len(toks))
-    return texts, torch.tensor(rows, dtype=torch.long), torch.tensor(valid, dtype=torch.bool)
-
-
-def reward_of(inp: StepInputs, prompt: str, response: list[int]) -> float:
-    """The task's reward of one response: on token ids with the task's own vocabulary, else on
-    the text the codec decodes up to the first EOS."""
-    if inp.codec.ids_reward:
-        return inp.task.reward(prompt, response)
-    return inp.task.reward_text(prompt, inp.codec.decode(response_ids(response,
-                                                                      inp.codec.special)))
+def prompt_batch(inp: StepInputs, step: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """The step's prompts (kept rows of data.train, global order) left-padded with the
+    tokenizer's PAD to ``job.prompt_len`` tokens (the longest prompt of the data), and [b, P]
+    True on their real tokens (the padding is masked out of attention)."""
+    job, data = inp.setup.job, inp.data
+    rows = data.order.step_indices(step, job.global_batch)
+    out = torch.full((len(rows), job.prompt_len), data.codec.pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), job.prompt_len), dtype=torch.bool)
+    for k, r in enumerate(rows):
+        ids = data.train.prompt_ids(int(r))
+        out[k, job.prompt_len - len(ids):] = torch.from_numpy(ids)
+        valid[k, job.prompt_len - len(ids):] = True
+    return rows, out, valid
 
 
 def _exchange(comm: Any, contribution: dict[str, Any]) -> list[dict[str, Any]]:
@@ -99,10 +87,11 @@ def _my_replicas(units: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any,
 @dataclass(frozen=True)
 class Rollout:
     """One step's generated batch, the same on every rank (plain CPU tensors, plan-free):
-    ``tokens``/``greedy_tokens`` [n, P+T], ``logp``/``mask`` [n, T]; ``texts`` the prompts."""
+    ``tokens``/``greedy_tokens`` [n, P+T], ``logp``/``mask`` [n, T]; ``rows`` the prompts'
+    kept rows of data.train."""
 
     step: int
-    texts: list[str]
+    rows: np.ndarray
     tokens: torch.Tensor
     greedy_tokens: torch.Tensor
     logp: torch.Tensor
@@ -117,10 +106,10 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rc.max_new_tokens
-    texts, prompts, valid = prompt_batch(inp, step)
+    rows, prompts, valid = prompt_batch(inp, step)
     prompts = prompts.repeat_interleave(job.samples_per_prompt, dim=0)
     valid = valid.repeat_interleave(job.samples_per_prompt, dim=0)
-    special = inp.codec.special
+    special = inp.data.codec.special
     seq_ids = np.arange(n_seq)
     contrib: dict[str, Any] = {}
     su = units.stages["actor-gen"]
@@ -165,7 +154,7 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     # run on that many tokens, not on max_new_tokens of padding (PAD and zero masks beyond).
     used = (mask.sum(dim=0) > 0) | (greedy_mask.sum(dim=0) > 0)
     width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
-    return Rollout(step, texts, tokens[:, :p_len + width].contiguous(),
+    return Rollout(step, rows, tokens[:, :p_len + width].contiguous(),
                    greedy_tokens[:, :p_len + width].contiguous(),
                    logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted,
                    valid.contiguous())
@@ -177,7 +166,20 @@ def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     stage_s: dict[str, float] = {}
     account.begin_step(step)
     rollout = generate_rollout(inp, units, step, comm, account, stage_s)
-    return learn_step(inp, units, rollout, comm, account, stage_s)
+    return _validated(inp, units, step, comm, learn_step(inp, units, rollout, comm, account,
+                                                         stage_s))
+
+
+def _validated(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
+               res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` with the validation after step ``step`` when one is due (collective; rank 0
+    reports it)."""
+    if res.get("redo") or not inp.rc.outputs.validates_after(step, inp.rc.steps):
+        return res
+    from nereus.runtime.worker.validation import validate
+
+    val = validate(inp, units, step, comm)
+    return {**res, "val": val} if comm.Get_rank() == 0 else res
 
 
 def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -204,7 +206,8 @@ def run_async_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
         ahead = generate_rollout(inp, units, step + 1, comm, account, stage_s)
         if ahead.halted:  # redo the step with the same batch (no update ran)
             return _halted(account, stage_s), pending
-    res = learn_step(inp, units, pending, comm, account, stage_s)
+    res = _validated(inp, units, step, comm,
+                     learn_step(inp, units, pending, comm, account, stage_s))
     return res, (pending if res.get("redo") else ahead)
 
 
@@ -214,7 +217,7 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rollout.mask.shape[1]  # the batch's longest response
-    texts, tokens, greedy_tokens = rollout.texts, rollout.tokens, rollout.greedy_tokens
+    tokens, greedy_tokens = rollout.tokens, rollout.greedy_tokens
     logp, mask = rollout.logp, rollout.mask
     valid = full_valid(rollout.prompt_valid, t_new)  # [n, P+T]: the prompts' padding masked
 
@@ -264,22 +267,22 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     ref_logp = full("ref-inf", (n_seq, t_new))
     values = full("critic-inf", (n_seq, t_new))
     rm_scores = full("reward-inf", (n_seq,))
-    prompt_of = [texts[i // job.samples_per_prompt] for i in range(n_seq)]
-    resp = tokens[:, p_len:]
-    scores = torch.tensor([reward_of(inp, prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
-                          dtype=torch.float64)
-    if rc.reward == "model":
-        scores = rm_scores
+    # reward.fn on the decoded responses, shared out over the ranks (a failure: every rank)
+    rule = None if rc.reward == "model" else score_responses(
+        inp.data, rollout.rows, tokens, mask, p_len, job.samples_per_prompt, comm,
+        rollout.step)
+    scores = rm_scores if rule is None else torch.tensor(rule.values, dtype=torch.float64)
     critic_free = job.algorithm != "ppo"
     if critic_free:
         greedy_scores = None
         if job.algorithm == "remax":
-            g_resp = greedy_tokens[:, p_len:]
-            greedy_scores = torch.tensor([reward_of(inp, prompt_of[i], g_resp[i].tolist())
-                                          for i in range(n_seq)], dtype=torch.float64)
             if rc.reward == "model":
                 greedy_scores = _greedy_model_scores(inp, units, comm, greedy_tokens, mask,
                                                      p_len, valid)
+            else:
+                greedy_scores = torch.tensor(score_responses(
+                    inp.data, rollout.rows, greedy_tokens, None, p_len, job.samples_per_prompt,
+                    comm, rollout.step, "greedy-rewards").values, dtype=torch.float64)
         adv = sequence_advantages(job.algorithm, scores, job.samples_per_prompt, greedy_scores)
         n_all = float(mask.sum().clamp_min(1.0))
         batch = PpoBatch(adv.unsqueeze(1) * mask, torch.zeros_like(mask),
@@ -353,6 +356,8 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     lengths = mask.sum(dim=1).numpy()
     peak, ooms = account.take()
     return {
+        **batch_record(inp.data, rollout.rows, tokens, mask, p_len, scores, rule, rollout.step,
+                       job.global_batch, job.samples_per_prompt, rc.outputs.log_samples, comm),
         "stage_s": stage_s,
         "peak_bytes": peak,
         "oom": [e.to_dict() for e in ooms],
@@ -383,7 +388,7 @@ def _greedy_model_scores(inp: StepInputs, units: PlanUnits, comm: Any,
     """Reward-model scores of the greedy responses (ReMax with ``runtime.reward: model``)."""
     resp = greedy_tokens[:, p_len:]
     g_mask = torch.ones_like(mask)
-    stops = torch.tensor(inp.codec.special.eos_ids, dtype=torch.long)
+    stops = torch.tensor(inp.data.codec.special.eos_ids, dtype=torch.long)
     for i in range(resp.shape[0]):  # up to and including the first EOS
         hits = torch.isin(resp[i], stops).nonzero()
         if len(hits):
