@@ -3,7 +3,9 @@
 Rank 0 planned the transition once (:mod:`nereus.runtime.rank0.loop`) and sent it to every rank
 with the target plan, in one :class:`~nereus.runtime.rank0.loop.PlanChangeOrder`. Every rank runs
 its DAG's primitives (:func:`nereus.runtime.execution.dag.run_dag`): units that survive the
-change keep their tensors, new ones receive exactly the bytes whose owner changes. When the
+change keep their tensors (and groups), new ones receive exactly the bytes whose owner changes;
+the DP groups of every model-stage whose replicas stay are kept too, so a change of batch split
+only (a DAG without primitives) creates no process group at all. When the
 order stages some model-stages through host memory (no order of the plain DAG fits device
 memory), every rank runs the three legs of :mod:`nereus.runtime.execution.host_stage`. When no
 DAG exists — every replica of some model-stage sat on removed ranks — the order says why
