@@ -154,10 +154,12 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
         if n == 4:  # node 1 leaves with every replica of some model-stage: gather-and-reload
             assert d["kind"] == "urgent" and "pool" in why, (n, why)
             assert d["executor"] == "gather-reload" and "every replica of" in d["reason"], d
-        elif n == 6:  # node 1 is back: an opportunistic DAG onto its GPUs
+        elif n == 6:  # node 1 is back: an opportunistic DAG onto its GPUs, where it pays back
             assert d["kind"] == "opportunistic" and "pool" in why, (n, d, why)
-            assert d["executor"] == "dag" and prims, (n, d)
+            assert d["executor"] == "dag" and prims and _gpus(plan) >= NODE1, (n, d, plan)
         elif n in (3, 5, 7):  # the longer responses outgrow the trainers' memory: urgent, a DAG
+            # (after 3 and 5 typically a new batch split only; after 7 onto node 1, unless
+            # the change after 6 went there already)
             assert d["kind"] == "urgent" and "memory" in why and d["executor"] == "dag", (
                 n, d, why)
         else:
@@ -169,8 +171,8 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
         if prims or d["executor"] != "dag":
             moved.append((float(tr["measured_s"][i]), float(tr["predicted_s"][i]),
                           d["executor"], n))
-    assert {3, 4, 6, 7} <= set(after), after
-    assert _gpus(plans[after.index(6) + 1]) >= NODE1  # back on node 1 after step 6
+    assert {3, 4, 7} <= set(after) <= {3, 4, 5, 6, 7}, after
+    assert _gpus(plans[-1]) >= NODE1  # back on node 1 for step 8, by the change after 6 or 7
     # the closed loop: stage times against predictions and refitted fixed costs every step
     assert set(run.tables["stage_times"]["step"].tolist()) == set(range(8))
     assert set(run.tables["fixed_costs"]["step"].tolist()) == set(range(8))
