@@ -31,6 +31,11 @@ def _check(args: argparse.Namespace) -> int:
     from nereus.config import load_config
 
     config = load_config(args.file, detect_gpu=detected_gpu)
+    actor = config.checkpoint("actor")
+    if actor is not None:  # its tokenizer fits the vocabulary (loaded, never the weights)
+        from nereus.hf.tokenizer import load_codec
+
+        load_codec(actor)
     print(f"OK {args.file}: {summary(config.setup)}")
     return 0
 

@@ -139,7 +139,9 @@ def build_setup(args: argparse.Namespace) -> Any:
             from nereus.cluster.probe import detected_gpu
 
             detected = detected_gpu()
-        return parse_config(raw, detected_gpu=detected).setup
+        from nereus.config.checkpoint_files import read_checkpoint
+
+        return parse_config(raw, detected_gpu=detected, read_checkpoint=read_checkpoint).setup
     except ConfigError as exc:
         raise _flag_error(exc, args) from None
 
@@ -150,7 +152,7 @@ def _handler(args: argparse.Namespace) -> int:
     from nereus.plan.search import search_plan
 
     calib = None
-    if args.calibration:
+    if args.calibration is not None:
         from nereus.log.calibration_store import load_calibration
 
         calib = load_calibration(args.calibration)

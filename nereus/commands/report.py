@@ -61,7 +61,7 @@ def handler(args: argparse.Namespace) -> int:
     folder = None
     if not args.no_plots:
         log_path = Path(args.log)
-        out = args.out if args.out else str(log_path.with_name(log_path.stem + "_report"))
+        out = args.out if args.out is not None else str(log_path.with_name(log_path.stem + "_report"))
         folder = NewFolder(out, "--out")
     log = read_run_log(args.log)
     summary = summarize(log)

@@ -23,10 +23,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from nereus.commands.run_checks import AUTO_RESUME, check_run, resolve_resume
 from nereus.errors import ConfigError, NereusError
 
 DEFAULT_TIMEOUT_S = 3600.0
-AUTO_RESUME = "\0auto"  # --resume without DIR: the log's own checkpoint directory
 
 
 class LaunchError(NereusError):
@@ -51,86 +51,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"end the job after S seconds (default {DEFAULT_TIMEOUT_S:g})")
     p.set_defaults(func=handler)
-
-
-def _check(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    from nereus.cluster.probe import detected_gpu
-    from nereus.config import fields
-    from nereus.config.load import load_config
-    from nereus.config.run import parse_runtime
-    from nereus.engines.vllm_engine import require_vllm
-    from nereus.errors import InfeasiblePlanError
-    from nereus.runtime.rank0.controller import RankZeroController
-
-    fields.positive_float("--timeout-s", args.timeout_s, "MAX_TIMEOUT_S")
-    cfg = load_config(args.config, detect_gpu=detected_gpu)
-    rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=args.ranks,
-                              steps=args.steps, host_cores=getattr(args, "host_cores", 0))
-    require_vllm(rc.generation)
-    ctl = RankZeroController(setup, adapt=True)
-    ctl.set_pool(range(rc.start_ranks))  # late nodes (runtime.late_nodes) join later
-    plan, d = ctl.initial()
-    if plan is None:
-        reason = d.admission.reason if d.admission else "no plan"
-        raise InfeasiblePlanError(f"no plan of {args.config} fits {rc.ranks} ranks of "
-                                  f"{setup.cluster.gpu.memory_bytes / 1e9:g} GB: {reason}")
-    from nereus.log.outputs import check_new_path
-    from nereus.log.writer import check_space
-
-    log = _resolve_resume(args, rc.failures.checkpoint_dir)
-    if args.resume:  # the preempted run's own log, continued in place
-        if not os.path.isfile(log):
-            raise ConfigError("--log", log, "must be the preempted run's log (a regular file) "
-                              "to continue with --resume")
-    else:  # rank 0 creates it (in place: readable while it grows); never over anything
-        try:
-            check_new_path(log, "--log")
-        except ConfigError as e:
-            if not os.path.lexists(log):
-                raise
-            raise ConfigError(e.field, e.value, f"{e.rule} (or --resume continues a preempted "
-                              "run in its own log)") from None
-    check_space(log)
-    return rc, setup, log
-
-
-def default_log() -> str:
-    """``nereus-run-<Slurm job id>.h5`` inside a Slurm job (the same name after a requeue, so
-    the requeued job finds its log and checkpoint), else ``nereus-run-<time>.h5``."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"nereus-run-{job}.h5" if job else f"nereus-run-{time.strftime('%Y%m%d-%H%M%S')}.h5"
-
-
-def _resolve_resume(args: argparse.Namespace, configured_dir: str) -> str:
-    """The run log, and ``args.resume`` set to the checkpoint directory a resumed run starts
-    from (or None: a fresh run). ``--resume DIR`` without ``--log`` continues the log the
-    checkpoint names. Under Slurm a requeued job (``SLURM_RESTART_COUNT`` > 0) resumes by
-    itself when its checkpoint directory holds a checkpoint."""
-    from nereus.runtime.failures.checkpoint import newest_path, read_meta
-    from nereus.runtime.failures.relaunch import checkpoint_dir
-    from nereus.runtime.failures.restart import restart_step
-
-    explicit = args.resume not in (None, AUTO_RESUME)
-    log = args.log
-    if log is None and explicit:
-        path = newest_path(args.resume)
-        log = str(read_meta(path).get("log", "")) if path else ""
-        if not log:
-            raise ConfigError("--log", None, "is needed with --resume DIR when DIR names no log")
-    log = log or default_log()
-    directory = args.resume if explicit else checkpoint_dir(os.path.abspath(log), configured_dir)
-    step = restart_step(directory)
-    if args.resume is None:
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        if restarts > 0 and step is not None:
-            print(f"nereus: Slurm restart {restarts}: resuming from {directory} (step {step})",
-                  file=sys.stderr, flush=True)
-            args.resume = directory
-        return log
-    if step is None:
-        raise ConfigError("--resume", directory, "holds no checkpoint to resume from")
-    args.resume = os.path.abspath(directory)
-    return log
 
 
 def mpiexec_command(ranks: int, worker_args: list[str],
@@ -171,12 +91,24 @@ def _mpiexec_ok() -> None:
 
 def _as_task(args: argparse.Namespace, world_size: int) -> int:
     """``nereus run`` started as one task of a multi-task launch (``srun nereus run``, as in
-    slurm/cpu.sbatch): this process is a rank; run the worker here, no mpiexec."""
-    from nereus.config.load import load_raw
+    slurm/cpu.sbatch): this process is a rank; run the worker here, no mpiexec. Every task
+    resolves the same log and checkpoint (the same one-line error on each, before MPI starts;
+    task 0 prints the warnings); the ranks check the rest together."""
+    from nereus.cluster.env import from_os_environ
+    from nereus.cluster.probe import detected_gpu
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.runtime.failures.resume_check import run_fingerprint
     from nereus.runtime.worker import main as worker
 
-    failures = (load_raw(args.config).get("runtime") or {}).get("failures") or {}
-    log = _resolve_resume(args, str(failures.get("checkpoint_dir", "")))
+    cfg = load_config(args.config, detect_gpu=detected_gpu)
+    rc, setup = parse_runtime(cfg.section("runtime"), cfg.setup, ranks=world_size,
+                              steps=args.steps)
+    notes: list[str] = []
+    log = resolve_resume(args, rc, setup, run_fingerprint(cfg, rc), notes)
+    if from_os_environ().global_rank == 0:
+        for line in notes:
+            print(line, file=sys.stderr, flush=True)
     argv = ["--config", args.config, "--log", log, "--ranks", str(world_size)]
     if args.steps is not None:
         argv += ["--steps", str(args.steps)]
@@ -209,7 +141,7 @@ def handler(args: argparse.Namespace) -> int:
         from nereus.cluster.env import host_cores
 
         args.host_cores = host_cores()
-    rc, setup, log = _check(args)
+    rc, setup, log = check_run(args)
     _mpiexec_ok()
     with tempfile.TemporaryDirectory(prefix="nereus-run-") as tmp, \
             store_folder(hosts, log, tmp) as args.rendezvous_dir:
@@ -330,7 +262,7 @@ def _launch(args: argparse.Namespace, rc: Any, log: str, hosts: tuple[str, ...],
 
 
 def first_log(args: argparse.Namespace) -> str:
-    """The run's log as :func:`_check` resolved it (relaunch segments are named after it)."""
+    """The run's log as :func:`check_run` resolved it (relaunch segments are named after it)."""
     return str(getattr(args, "resolved_log", args.log))
 
 
@@ -447,7 +379,6 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
 
     from nereus.cluster.env import WATCH_NODES, watch_target
     from nereus.config.load import load_raw
-    from nereus.runtime.failures.checkpoint import newest_step
     from nereus.runtime.failures.relaunch import (
         checkpoint_dir,
         segment_log,
@@ -473,7 +404,9 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
     survivors, how = surviving_nodes(names, gpn, log, slurm_pool=slurm_pool,
                                      wait_s=rc.failures.relaunch_wait_s)
     ckpt = os.path.abspath(checkpoint_dir(first_log, rc.failures.checkpoint_dir))
-    step = newest_step(ckpt)
+    from nereus.runtime.failures.restart import restart_step
+
+    step = restart_step(ckpt)
     lost = [names[i] for i in range(n_nodes) if i not in survivors]
     why = f"{what}; nodes lost: {', '.join(lost) or 'none'}"
     if step is None:
@@ -487,9 +420,9 @@ def _relaunch_setup(args: argparse.Namespace, rc: Any, setup: Any, first_log: st
     print(f"nereus: {why} ({how}); relaunch {attempt}/{rc.failures.relaunch} on "
           f"{len(survivors)} node(s) from the checkpoint of step {step}, log {segment}",
           file=sys.stderr, flush=True)
-    sub = argparse.Namespace(**{**vars(args), "config": derived,
-                                "ranks": len(survivors) * gpn, "log": segment})
-    rc2, setup2, _ = _check(sub)
+    sub = argparse.Namespace(**{**vars(args), "config": derived, "ranks": len(survivors) * gpn,
+                                "log": segment, "resume": None, "relaunch": True})
+    rc2, setup2, _ = check_run(sub)  # the segment resumes by its config's failures.resume
     args.config = derived  # a later relaunch starts from this one's nodes and numbering
     kept = tuple(names[i] for i in survivors)
     env: dict[str, str] = {}

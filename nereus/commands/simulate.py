@@ -133,8 +133,9 @@ def _outputs(args: argparse.Namespace) -> tuple[Any, Any]:
     """The --log and --save-calibration files, checked before anything runs."""
     from nereus.log.outputs import NewFile, check_distinct
 
-    log = NewFile(args.log, "--log") if args.log else None
-    calib = NewFile(args.save_calibration, "--save-calibration") if args.save_calibration else None
+    log = NewFile(args.log, "--log") if args.log is not None else None
+    calib = NewFile(args.save_calibration, "--save-calibration") \
+        if args.save_calibration is not None else None
     check_distinct([o for o in (log, calib) if o is not None])
     return log, calib
 
@@ -166,7 +167,7 @@ def _handler(args: argparse.Namespace) -> int:
         lengths = logged_lengths
     else:
         lengths = load_lengths(args.length_trace)
-    if args.calibration:
+    if args.calibration is not None:
         from nereus.log.calibration_store import load_calibration
 
         start = load_calibration(args.calibration)

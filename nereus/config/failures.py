@@ -127,7 +127,6 @@ def parse_failures(raw: Any, nodes: int, steps: int) -> FailureOptions:
                                  "MAX_TIMEOUT_S")
     kill_wait_s = f.positive_float(f.join(path, "kill_wait_s"), raw.get("kill_wait_s", 30.0),
                                    "MAX_TIMEOUT_S")
-    return FailureOptions(every, f.path(f.join(path, "checkpoint_dir"),
-                                        raw.get("checkpoint_dir", "")),
-                          f.path(f.join(path, "resume"), raw.get("resume", "")),
+    return FailureOptions(every, f.optional_path(path, raw, "checkpoint_dir"),
+                          f.optional_path(path, raw, "resume"),
                           tuple(kills), relaunch, wait_s, retries, warning_s, kill_wait_s)

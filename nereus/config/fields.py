@@ -124,6 +124,18 @@ def path(path: str, value: Any) -> str:
     return value
 
 
+def optional_path(section: str, raw: Mapping[str, Any], key: str) -> str:
+    """``raw[key]``, a file or folder path; "" when the key is absent. Given empty it is an
+    error (an unset variable in a generated config), never "not given"."""
+    if key not in raw:
+        return ""
+    value = raw[key]
+    if value == "":
+        raise ConfigError(join(section, key), value, "must be a path (given empty: an unset "
+                          "variable?); leave the key out for the default")
+    return path(join(section, key), value)
+
+
 def name(path: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(path, value, "must be a non-empty string")

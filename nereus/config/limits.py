@@ -12,6 +12,9 @@ from __future__ import annotations
 MAX_CONFIG_BYTES = 1 << 20  # a YAML job config (the examples are about 2 KB)
 MAX_TRACE_BYTES = 16 << 20  # a GPU (spot, fault) or length trace (the shipped ones: < 200 KB)
 MAX_CALIBRATION_BYTES = 1 << 20  # a saved calibration (JSON)
+# a checkpoint's config.json, safetensors index, generation or tokenizer config (a 405B model's
+# index is about 100 KB)
+MAX_CHECKPOINT_JSON_BYTES = 16 << 20
 
 # -- YAML documents ----------------------------------------------------------------
 MAX_YAML_DEPTH = 32  # nested mappings and lists (the examples nest 4 deep)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nereus.config import files, limits
+from nereus.config.checkpoint_files import read_checkpoint
 from nereus.config.cluster import uses_auto_gpu
 from nereus.config.schema import EXTENSION_SECTIONS, Config, describe, parse_config
 from nereus.errors import ConfigError
@@ -34,11 +35,31 @@ def _where(mark: Any) -> str:
 def _check_shape(text: str, source: str) -> None:
     """One pass over the parser's events: depth, expanded size and alias cycles within limits.
 
-    A syntax error ends the pass quietly: the composer, run next, reports it with its message.
+    libyaml's parser (when PyYAML has it: fast) reads first. Some of its versions stop at a
+    nesting limit of their own (PyYAML 6.0.4's: 1,000 levels) with a syntax error before they
+    yield the events past depth ``MAX_YAML_DEPTH``; any error of libyaml's is therefore read
+    again by PyYAML's own parser (iterative: no nesting limit), whose events decide. A syntax
+    error there ends the pass quietly: the composer, run next, reports it with its message.
     """
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: fast
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            _shape_pass(text, source, fast)
+            return
+        except yaml.YAMLError:
+            pass
+    try:
+        _shape_pass(text, source, yaml.SafeLoader)
+    except yaml.YAMLError:
+        return
+
+
+def _shape_pass(text: str, source: str, loader: Any) -> None:
+    """:func:`_check_shape` over the events of ``loader``'s parser; its syntax errors raise."""
+    import yaml
+
     sizes: dict[str, int] = {}  # anchor → values of its node, aliases inside expanded
     open_nodes: list[list[Any]] = []  # [anchor, values so far] of each collection being read
     total = 0
@@ -54,35 +75,32 @@ def _check_shape(text: str, source: str) -> None:
                 f"aliases expanded (MAX_YAML_VALUES; at {_where(mark)})",
             )
 
-    try:
-        for event in yaml.parse(text, Loader=loader):
-            if isinstance(event, yaml.CollectionStartEvent):
-                if len(open_nodes) >= limits.MAX_YAML_DEPTH:
-                    raise ConfigError(
-                        "config", source, f"nests deeper than {limits.MAX_YAML_DEPTH} levels "
-                        f"(MAX_YAML_DEPTH) at {_where(event.start_mark)}",
-                    )
-                add(1, event.start_mark)
-                open_nodes.append([event.anchor, 1])
-            elif isinstance(event, yaml.CollectionEndEvent):
-                anchor, n = open_nodes.pop()
-                if anchor is not None:
-                    sizes[anchor] = n
-                if open_nodes:
-                    open_nodes[-1][1] += n
-            elif isinstance(event, yaml.AliasEvent):
-                if any(anchor == event.anchor for anchor, _ in open_nodes):
-                    raise ConfigError(
-                        "config", source, f"alias *{event.anchor} at {_where(event.start_mark)} "
-                        f"refers to a node that contains it (a cycle)",
-                    )
-                add(sizes.get(event.anchor or "", 1), event.start_mark)
-            elif isinstance(event, yaml.ScalarEvent):
-                if event.anchor is not None:
-                    sizes[event.anchor] = 1
-                add(1, event.start_mark)
-    except yaml.YAMLError:
-        return
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(open_nodes) >= limits.MAX_YAML_DEPTH:
+                raise ConfigError(
+                    "config", source, f"nests deeper than {limits.MAX_YAML_DEPTH} levels "
+                    f"(MAX_YAML_DEPTH) at {_where(event.start_mark)}",
+                )
+            add(1, event.start_mark)
+            open_nodes.append([event.anchor, 1])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, n = open_nodes.pop()
+            if anchor is not None:
+                sizes[anchor] = n
+            if open_nodes:
+                open_nodes[-1][1] += n
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in open_nodes):
+                raise ConfigError(
+                    "config", source, f"alias *{event.anchor} at {_where(event.start_mark)} "
+                    f"refers to a node that contains it (a cycle)",
+                )
+            add(sizes.get(event.anchor or "", 1), event.start_mark)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+            add(1, event.start_mark)
 
 
 def _check_unique_keys(node: yaml.Node, path: str, seen: set[int]) -> None:
@@ -113,6 +131,30 @@ def _check_unique_keys(node: yaml.Node, path: str, seen: set[int]) -> None:
             _check_unique_keys(item, f"{path}[{i}]", seen)
 
 
+def _bounded_loader(text: str, source: str) -> Any:
+    """PyYAML's safe loader whose composer refuses a node nested deeper than
+    ``MAX_YAML_DEPTH`` before it recurses into it (the composer recurses once per level: without
+    this, a document the event pass did not bound would end in a RecursionError)."""
+    import yaml
+
+    class Bounded(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.depth >= limits.MAX_YAML_DEPTH and not self.check_event(
+                    yaml.ScalarEvent, yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise ConfigError("config", source, f"nests deeper than {limits.MAX_YAML_DEPTH} "
+                                  f"levels (MAX_YAML_DEPTH) at {_where(mark)}")
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return Bounded(text)
+
+
 def parse_yaml(text: str, source: str = "config") -> Any:
     """One YAML document as plain data; syntax errors become one-line ``ConfigError``s."""
     import yaml
@@ -123,7 +165,7 @@ def parse_yaml(text: str, source: str = "config") -> Any:
     _check_shape(text, source)
     loader = None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _bounded_loader(text, source)
         root = loader.get_single_node()
         if root is None:
             return None
@@ -166,7 +208,9 @@ def load_raw(path: str) -> dict[str, Any]:
 def load_config(path: str, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
                 detect_gpu: Callable[[], GpuSpec] | None = None) -> Config:
     """Read, parse and check the YAML config at ``path``; ``detect_gpu`` (the shell's inventory
-    reader) is called only when the config says ``cluster.gpu: auto``."""
+    reader) is called only when the config says ``cluster.gpu: auto``; a Hugging Face
+    checkpoint a model names is read here (its metadata: :mod:`nereus.config.checkpoint_files`)."""
     raw = load_raw(path)
     detected = detect_gpu() if detect_gpu is not None and uses_auto_gpu(raw) else None
-    return parse_config(raw, extensions=extensions, detected_gpu=detected)
+    return parse_config(raw, extensions=extensions, detected_gpu=detected,
+                        read_checkpoint=read_checkpoint)

@@ -38,7 +38,9 @@ config: {...}}``: the ZeRO stage and further DeepSpeed config keys; only with
 ``train_engine: deepspeed``),
 ``inject_oom`` (``{rank: r, at_step: k}``: rank r runs out of device memory in its first
 model-stage of step k — on a GPU a real allocation past the free memory, on a CPU rank the same
-error raised — to test that an OOM becomes an urgent replan with the step redone).
+error raised — to test that an OOM becomes an urgent replan with the step redone),
+``save_hf`` (``{dir, every, roles, max_file_gb}``: the trained actor, and the critic on request,
+exported as Hugging Face checkpoints — :mod:`nereus.config.save_hf`).
 """
 
 from __future__ import annotations
@@ -49,22 +51,30 @@ from typing import Any
 
 from nereus.config import fields as f
 from nereus.config.failures import FailureOptions, parse_failures
+from nereus.config.save_hf import SaveHfOptions, parse_save_hf
 from nereus.emu.shards import check_layout
 from nereus.emu.unit import Layout
 from nereus.errors import ConfigError
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.job import RUNTIME_PLAN_SPACE, Setup
+from nereus.spec.job import Setup
 
 KEYS = ("ranks", "steps", "seed", "max_new_tokens", "temperature", "lr", "kl_coef", "clip",
         "gae_lambda", "adapt", "timeout_s", "events", "force_transitions", "save_state",
         "inject_failure", "memory_per_rank_gb", "reward", "policy", "capacity_drop", "failures",
-        "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed")
+        "late_nodes", "generation", "device", "inject_oom", "train_engine", "deepspeed",
+        "save_hf")
 EVENT_KINDS = ("remove_node", "add_node", "drain_node")
 GENERATION_CHOICES = ("auto", "megatron", "vllm")
 DEVICE_MODES = ("auto", "cpu", "cuda")  # nereus.cluster.devices.DEVICE_MODES
 TRAIN_ENGINES = ("megatron", "deepspeed")
 ZERO_RUN_STAGES = (1, 2)  # the stages whose partitions the live re-partition reads
 ZERO_MODEL_STAGES = ("actor-train", "critic-train")  # what train_engine: deepspeed runs
+# DeepSpeed config keys Nereus sets itself (batch, optimizer, precision): runtime.deepspeed.config
+# may not name them (nereus.engines.deepspeed_engine writes them)
+DEEPSPEED_OWNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
+                        "gradient_accumulation_steps", "managed_gradient_accumulation",
+                        "optimizer", "scheduler", "fp16", "bf16", "amp",
+                        "zero_allow_untested_optimizer")
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,14 @@ class ZeroRunOptions:
         config = raw.get("config", {})
         if not isinstance(config, Mapping):
             raise ConfigError(f.join(path, "config"), config, "must be a mapping")
+        for key, value in config.items():
+            at = f.join(f.join(path, "config"), str(key))
+            if key in DEEPSPEED_OWNED_KEYS:
+                raise ConfigError(at, value, "set by Nereus (batch, optimizer, precision): not "
+                                  "configurable")
+            if key == "zero_optimization" and (not isinstance(value, Mapping) or "stage" in value):
+                raise ConfigError(at, value, "must be a mapping without 'stage' (use "
+                                  "runtime.deepspeed.stage)")
         return ZeroRunOptions(stage, tuple(sorted((str(k), v) for k, v in config.items())))
 
 
@@ -142,6 +160,7 @@ class RunConfig:
     inject_oom: tuple[int, int] | None = None  # (global rank, step): an out-of-memory there
     train_engine: str = "megatron"  # megatron | deepspeed (ZeRO units for the trainers)
     deepspeed: ZeroRunOptions = field(default_factory=ZeroRunOptions)
+    save_hf: SaveHfOptions = field(default_factory=SaveHfOptions)  # nereus.config.save_hf
 
     @property
     def zero_stages(self) -> tuple[str, ...]:
@@ -159,6 +178,7 @@ class RunConfig:
         d["force_transitions"] = [t.to_dict() for t in self.force_transitions]
         d["failures"] = self.failures.to_dict()
         d["deepspeed"] = self.deepspeed.to_dict()
+        d["save_hf"] = self.save_hf.to_dict()
         return d
 
     @staticmethod
@@ -171,7 +191,9 @@ class RunConfig:
         rest = {k: d[k] for k in KEYS if k not in ("events", "force_transitions",
                                                    "inject_failure", "failures", "device",
                                                    "inject_oom", "generation",
-                                                   "train_engine", "deepspeed")}
+                                                   "train_engine", "deepspeed",
+                                                   "save_hf")}
+        rest["save_hf"] = SaveHfOptions.from_dict(d.get("save_hf"))
         rest["train_engine"] = str(d.get("train_engine", "megatron"))
         rest["deepspeed"] = ZeroRunOptions.parse(d.get("deepspeed"))
         oom = d.get("inject_oom")
@@ -228,8 +250,9 @@ def _forced(path: str, raw: Any, steps: int, setup: Setup) -> ForcedTransition:
 def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | None = None,
                   steps: int | None = None, host_cores: int = 0) -> tuple[RunConfig, Setup]:
     """Check the ``runtime:`` section (CLI values override it); returns it and the setup on the
-    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node), with
-    the runtime's plan space (``RUNTIME_PLAN_SPACE``: pp divides the layers, dp the batch).
+    cluster the ranks form (``ranks`` GPUs: whole nodes of ``gpus_per_node``, or one node) and
+    the job's own plan space (``job.space``: what ``nereus plan`` searches, uneven DP and
+    Megatron's uneven pipelines included — :func:`runtime_setup`).
     ``host_cores``: the cores the ranks share, when they are CPU ranks on one host (the caller
     counts them; 0: unknown)."""
     raw = f.mapping("runtime", raw or {}, KEYS)
@@ -261,11 +284,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
                               mem_gb * 1e9))) for g in cluster.groups))
     if cluster.gpu.vendor == "cpu" and host_cores > 0:
         cluster = replace(cluster, host_cores=host_cores, hosts=1)
-    # The runtime executes pipelines of equal stages and DP degrees that divide the batch (its
-    # Megatron stage models and even batch split): its planner searches that space only; its
-    # engines pad each step's batch to its longest response (static batches).
-    setup = replace(setup, cluster=cluster, job=replace(setup.job, space=RUNTIME_PLAN_SPACE,
-                                                        static_batches=True))
+    setup = runtime_setup(replace(setup, cluster=cluster))
     n_steps = f.positive_int("--steps" if steps is not None else "runtime.steps",
                              steps if steps is not None else raw.get("steps", RunConfig.steps),
                              "MAX_STEPS")
@@ -316,7 +335,7 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         timeout_s=f.positive_float("runtime.timeout_s", raw.get("timeout_s", RunConfig.timeout_s),
                                    "MAX_TIMEOUT_S"),
         events=events, force_transitions=forced,
-        save_state=f.path("runtime.save_state", raw.get("save_state", "")),
+        save_state=f.optional_path("runtime", raw, "save_state"),
         inject_failure=_failure(raw.get("inject_failure"), n, n_steps),
         memory_per_rank_gb=mem_gb,
         reward=_reward(raw.get("reward", "task"), setup.job.reward_model),
@@ -331,9 +350,20 @@ def parse_runtime(raw: Mapping[str, Any] | None, setup: Setup, *, ranks: int | N
         train_engine=f.choice("runtime.train_engine", raw.get("train_engine", "megatron"),
                               TRAIN_ENGINES),
         deepspeed=ZeroRunOptions.parse(raw.get("deepspeed")),
+        save_hf=parse_save_hf(raw.get("save_hf"), setup),
     )
     _check_zero(rc, raw, setup)
     return rc, setup
+
+
+def runtime_setup(setup: Setup) -> Setup:
+    """The setup ``nereus run``'s controller plans with: the job's plan space unchanged (the
+    runtime executes uneven DP — replicas of ⌈n/dp⌉ or ⌊n/dp⌋ sequences — and Megatron's uneven
+    pipelines, issue 37), costed with static batches (its engines pad each step's batch to its
+    longest response). What the runtime cannot build is left out per model-stage by the
+    controller's port, each with its reason (:class:`nereus.runtime.rank0.controller.CpuPort`:
+    tied embeddings with pp > 1; the DeepSpeed engine's tp = pp = 1)."""
+    return replace(setup, job=replace(setup.job, static_batches=True))
 
 
 def _labelled_cluster(cl: ClusterSpec, where: str, n: int) -> ClusterSpec:

@@ -8,9 +8,11 @@ from types import MappingProxyType
 from typing import Any
 
 from nereus.config import fields as f
+from nereus.config.checkpoint import ModelCheckpoint
 from nereus.config.cluster import parse_cluster
+from nereus.config.hf_config import check_window
 from nereus.config.job import build_job, check_lengths, parse_controller, parse_job_fields
-from nereus.config.models import parse_models
+from nereus.config.models import CheckpointReader, parse_model_sources
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GpuSpec
 from nereus.spec.job import ControllerSpec, Setup
@@ -29,6 +31,12 @@ class Config:
 
     setup: Setup
     sections: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    # (role, checkpoint) of every role whose model is a Hugging Face checkpoint
+    checkpoints: tuple[tuple[str, ModelCheckpoint], ...] = ()
+
+    def checkpoint(self, role: str) -> ModelCheckpoint | None:
+        """The checkpoint of ``role``'s model, or None (a preset or explicit architecture)."""
+        return dict(self.checkpoints).get(role)
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """The raw mapping of extension section ``name``, or None when the file has none."""
@@ -50,10 +58,13 @@ def describe(value: Any) -> str:
 
 
 def parse_config(data: Any, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
-                 detected_gpu: GpuSpec | None = None) -> Config:
+                 detected_gpu: GpuSpec | None = None,
+                 read_checkpoint: CheckpointReader | None = None) -> Config:
     """Check a parsed YAML document; the first broken rule raises ``ConfigError``.
     ``detected_gpu``: what ``cluster.gpu: auto`` stands for (the shell reads the node's
-    inventory, :func:`nereus.cluster.probe.detected_gpu`)."""
+    inventory, :func:`nereus.cluster.probe.detected_gpu`); ``read_checkpoint``: how a
+    ``models.<role>.checkpoint`` folder is read (the file layer,
+    :func:`nereus.config.checkpoint_files.read_checkpoint`, which ``load_config`` passes)."""
     allowed = (*CORE_SECTIONS, *extensions)
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -65,10 +76,14 @@ def parse_config(data: Any, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
             raise ConfigError(name, None, f"missing; a config needs {', '.join(REQUIRED_SECTIONS)}")
     job = parse_job_fields(data.get("job", {}))
     cluster = parse_cluster(data["cluster"], detected_gpu=detected_gpu)
-    models = parse_models(
-        data["models"], algorithm=job.algorithm, reward_model=job.reward_model
+    models, checkpoints = parse_model_sources(
+        data["models"], algorithm=job.algorithm, reward_model=job.reward_model,
+        read_checkpoint=read_checkpoint,
     )
     check_lengths(job, models)
+    for role, ck in checkpoints:
+        check_window(f"models.{role}.checkpoint", ck.facts.config,
+                     job.prompt_len + (job.gen_len_p95 or job.gen_len))
     controller = (
         parse_controller(data["controller"]) if "controller" in data else ControllerSpec()
     )
@@ -80,4 +95,4 @@ def parse_config(data: Any, *, extensions: tuple[str, ...] = EXTENSION_SECTIONS,
                 raise ConfigError(name, raw, "must be a mapping (checked by the module owning it)")
             sections.append((name, MappingProxyType(dict(raw))))
     return Config(setup=Setup(job=build_job(job, models, controller), cluster=cluster),
-                  sections=tuple(sections))
+                  sections=tuple(sections), checkpoints=checkpoints)

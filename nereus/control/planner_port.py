@@ -64,6 +64,8 @@ class SearchPort:
     layouts: Mapping[str, tuple[int, ...]] | None = None
     pool: tuple[int, ...] | None = None  # GPUs alive now: units elsewhere are lost
     cache: CostCache | None = None  # per-candidate costs kept across replans (memoization only)
+    # the running plan: replicas of a model-stage keeping its (tp, pp) stay on their GPUs
+    keep: ExecutionPlan | None = None
 
     def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         s = setup_for(self.setup, obs)
@@ -98,7 +100,7 @@ class SearchPort:
         try:
             res = search_plan(
                 s, self.calib, pool=tuple(obs.pool), method=self.method, cache=self.cache,
-                layouts=self.layouts,
+                layouts=self.layouts, keep=self.keep,
             )
         except InfeasiblePlanError:
             return None
@@ -106,7 +108,10 @@ class SearchPort:
 
     def options(self, obs: Observation, current: ExecutionPlan | None) -> Sequence[tuple[ExecutionPlan, float]]:
         """S* and a few slower plans with cheaper transitions from ``current``
-        (:func:`nereus.control.options.candidate_targets`); S* alone when layouts are pinned."""
+        (:func:`nereus.control.options.candidate_targets`), every one placed around what runs
+        (sticky placement: ``keep``); S* alone when layouts are pinned."""
+        if current is not None and self.keep is None:  # targets placed around what runs
+            return replace(self, keep=current).options(obs, current)
         if self.layouts is not None:
             best = self.search(obs)
             return [] if best is None else [best]

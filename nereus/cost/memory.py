@@ -287,8 +287,10 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     add; phases of a lane take turns (max); model-stages of a phase on the same GPU add.
     """
     workflow = setup.job.workflow
-    # gpu -> list of (model-stage, breakdown, shard key)
-    on_gpu: dict[int, list[tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]]] = {}
+    # gpu -> list of (model-stage, breakdown, shard key); GPUs holding the same shards (the
+    # same list) have the same peak, computed once (thousands of GPUs, a few distinct lists)
+    Entry = tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]
+    on_gpu: dict[int, list[Entry]] = {}
     for sp in plan.stages:
         try:
             ms = workflow.by_name(sp.name)

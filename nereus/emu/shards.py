@@ -5,7 +5,7 @@ with the *global* layer index (``decoder.layers.{L}.…``). Megatron's ``sharded
 reports every local tensor as boxes of such global tensors; the rules below reproduce that
 metadata (checked against real Megatron models in ``tests/ranks/test_emu_shards_megatron.py``):
 
-- column-parallel (``linear_qkv``, non-gated ``linear_fc1``, ``output_layer``): axis 0 in tp
+- column-parallel (``linear_qkv`` and its bias, non-gated ``linear_fc1``, ``output_layer``): axis 0 in tp
   contiguous chunks. The fused QKV global tensor is Megatron's own group-interleaved layout
   ``[g0: q…, k, v | g1: …]``, so tp chunks are whole query groups;
 - gated ``linear_fc1`` (SwiGLU): the global tensor is ``[gate; up]`` (2·ffn rows); tp rank r holds
@@ -15,9 +15,9 @@ metadata (checked against real Megatron models in ``tests/ranks/test_emu_shards_
 - vocab-parallel (``word_embeddings``): axis 0 in tp chunks;
 - replicated over tp: norms, position embeddings;
 - pipeline: stage s holds layers [s·L/pp, (s+1)·L/pp); embeddings on the first stage, final norm
-  and output layer on the last. Where ``pp`` does not divide the layers (the planner's uneven
-  space, not the runtime's: ``check_layout`` keeps the runtime rule) the stages hold Megatron's
-  uneven split, ``nereus.spec.model.stage_layer_counts``, in order.
+  and output layer on the last. Where ``pp`` does not divide the layers (the uneven pipeline of
+  the plan space, built by ``nereus.engines.megatron_model``) the stages hold Megatron's uneven
+  split, ``nereus.spec.model.stage_layer_counts``, in order.
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ def tensor_specs(spec: ModelSpec) -> tuple[TensorSpec, ...]:
         out += _norm_tensors(spec, f"{p}.input_layernorm", h, layer, "layer")
         out.append(TensorSpec(f"{p}.self_attention.linear_qkv.weight", (qkv_rows, h), COLUMN,
                               layer))
+        if spec.qkv_bias:  # Qwen2: the fused q/k/v bias, split by tp like the weight's rows
+            out.append(TensorSpec(f"{p}.self_attention.linear_qkv.bias", (qkv_rows,), COLUMN,
+                                  layer))
         if spec.qk_norm:
             out += _norm_tensors(spec, f"{p}.self_attention.q_layernorm", spec.kv_channels, layer,
                                  "layer")
@@ -113,14 +116,14 @@ def tensor_specs(spec: ModelSpec) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
-def check_layout(spec: ModelSpec, layout: Layout, uneven_pipeline: bool = False) -> None:
-    """Raise ConfigError when ``spec`` cannot be laid out as ``layout`` (by default the runtime's
-    rules: ``pp`` divides the layers; ``uneven_pipeline`` allows Megatron's uneven split)."""
+def check_layout(spec: ModelSpec, layout: Layout) -> None:
+    """Raise ConfigError when ``spec`` cannot be laid out as ``layout``: the rules of the shard
+    metadata and of the runtime's Megatron units (a ``pp`` that does not divide the layers takes
+    Megatron's uneven split, ``nereus.spec.model.pipeline_split``)."""
     tp, pp = layout.tp, layout.pp
-    even = spec.num_layers % pp == 0
     rules = [
-        (even or (uneven_pipeline and pp <= spec.num_layers), "layout.pp", pp,
-         f"must divide num_layers={spec.num_layers}"),
+        (pp <= spec.num_layers, "layout.pp", pp,
+         f"must be at most num_layers={spec.num_layers} (one layer per stage at least)"),
         (spec.num_kv_heads % tp == 0, "layout.tp", tp, f"must divide num_kv_heads={spec.num_kv_heads}"),
         (spec.vocab_size % tp == 0, "layout.tp", tp, f"must divide vocab_size={spec.vocab_size}"),
         (spec.ffn_hidden_size % tp == 0, "layout.tp", tp, "must divide ffn_hidden_size"),
@@ -209,7 +212,7 @@ def local_shape_of(t: TensorSpec, tp: int) -> tuple[int, ...]:
 
 def shards_at(spec: ModelSpec, layout: Layout, pp_rank: int, tp_rank: int) -> tuple[LocalShard, ...]:
     """Every local shard held by position (pp_rank, tp_rank) of a unit with ``layout``."""
-    check_layout(spec, layout, uneven_pipeline=True)
+    check_layout(spec, layout)
     out: list[LocalShard] = []
     for t in tensor_specs(spec):
         if stage_of(t, spec, layout.pp) != pp_rank:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from nereus.engines.generation import Generated, generate, sample_uniforms
 from nereus.engines.pipeline import StageLink
+from nereus.rl.task import EOS, PAD
 
 MEGATRON = "megatron"
 VLLM = "vllm"
@@ -35,9 +36,11 @@ ENGINES = (MEGATRON, VLLM)
 
 @dataclass(frozen=True)
 class GenRequest:
-    """One batch to generate: ``prompts`` [b, P] token ids (left-padded with PAD; the padding is
-    part of the prompt, as in training's forward), ``sample_ids`` [b] the rows' global sample
-    indices, ``step`` the RL step; ``greedy`` picks the argmax (ReMax's baseline)."""
+    """One batch to generate: ``prompts`` [b, P] token ids, left-padded with ``pad_id`` where
+    ``prompt_valid`` [b, P] is False (None: no padding; the padding is masked out of attention:
+    a row samples what it samples alone), ``sample_ids`` [b] the rows' global sample indices,
+    ``step`` the RL step; ``greedy`` picks the argmax (ReMax's baseline); a row stops at the
+    first of ``eos_ids`` it samples."""
 
     prompts: torch.Tensor
     sample_ids: np.ndarray
@@ -46,11 +49,29 @@ class GenRequest:
     max_new_tokens: int
     temperature: float = 1.0
     greedy: bool = False
+    prompt_valid: torch.Tensor | None = None
+    eos_ids: tuple[int, ...] = (EOS,)
+    pad_id: int = PAD
 
     def __post_init__(self) -> None:
         if self.prompts.ndim != 2 or len(self.sample_ids) != self.prompts.shape[0]:
             raise ValueError(f"prompts {tuple(self.prompts.shape)} and {len(self.sample_ids)} "
                              "sample ids do not match")
+        if self.prompt_valid is not None and self.prompt_valid.shape != self.prompts.shape:
+            raise ValueError(f"prompt_valid {tuple(self.prompt_valid.shape)} does not match the "
+                             f"prompts {tuple(self.prompts.shape)}")
+        if not self.eos_ids:
+            raise ValueError("a generation needs at least one EOS id")
+
+    def unpadded(self) -> list[list[int]]:
+        """Each prompt's real tokens (its padding dropped), as an engine without masks takes
+        them (vLLM)."""
+        rows = self.prompts.tolist()
+        if self.prompt_valid is None:
+            return [[int(t) for t in r] for r in rows]
+        keep = self.prompt_valid.bool().tolist()
+        return [[int(t) for t, k in zip(r, ks, strict=True) if k] for r, ks in zip(rows, keep,
+                                                                                   strict=True)]
 
 
 @runtime_checkable
@@ -91,7 +112,8 @@ class MegatronEngine:
     def generate(self, req: GenRequest) -> Generated:
         u = sample_uniforms(req.seed, req.step, req.sample_ids, req.max_new_tokens)
         out = generate(self.model, self.tp_group, req.prompts, u, req.max_new_tokens,
-                       req.temperature, greedy=req.greedy, link=self.link)
+                       req.temperature, greedy=req.greedy, link=self.link,
+                       prompt_valid=req.prompt_valid, eos_ids=req.eos_ids, pad_id=req.pad_id)
         self._kv_bytes = out.kv_cache_bytes
         return out
 

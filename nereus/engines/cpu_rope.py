@@ -1,27 +1,29 @@
-"""A Megatron-core GPTModel with rotary position embeddings that runs on CPU (effectful).
+"""Rotary position embeddings of a Megatron-core GPTModel, on the CPU and with Hugging Face's
+frequencies (effectful).
 
 Megatron-core 0.16.1's ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to
 ``torch.cuda.current_device()`` on first use, which fails without CUDA.
 :class:`CpuRotaryEmbedding` computes the same table (non-interleaved, Megatron's and
-Hugging Face Llama's rotate-half form) where ``inv_freq`` already is. :func:`build_rope_gpt`
-builds a GPTModel like :func:`nereus.engines.megatron_model.build_gpt` but with
-``position_embedding_type="rope"`` and swaps its rotary module's class for the CPU one (no
-parameter changes: ``inv_freq`` is a plain attribute, not state).
+Hugging Face Llama's rotate-half form) where ``inv_freq`` already is.
 
-The runtime's own models keep learned positions (``build_gpt``); this builder serves the
-Megatron → Hugging Face conversion check (``tests/ranks/test_engines_hf_logits.py``), whose models must
-use RoPE because Llama does.
+:func:`set_inv_freq` gives a built model the inverse frequencies Hugging Face computes for the
+spec's ``rope_theta`` and ``rope_scaling`` (``default``, ``linear``, ``llama3``: transformers'
+``modeling_rope_utils``), on the CPU and on a GPU alike: Megatron's own Llama-3 scaling fixes
+``low_freq_factor``, ``high_freq_factor`` and the original context (1, 4, 8192) and its linear
+scaling divides positions rather than frequencies, so both are bypassed (``inv_freq`` is a plain
+attribute, not state: no parameter changes). :func:`build_rope_gpt` builds a tp=1, pp=1 model
+for the Megatron ↔ Hugging Face conversion checks (``tests/ranks/test_engines_hf_logits.py``).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt.gpt_model import GPTModel
-from megatron.core.process_groups_config import ProcessGroupCollection
 
-from nereus.emu.hf_layout import MEGATRON_ROPE_THETA
-from nereus.engines.megatron_model import StageGroups, layer_spec, transformer_config
+from nereus.engines.megatron_model import StageGroups, build_gpt
 from nereus.spec.model import ModelSpec
 
 
@@ -36,29 +38,39 @@ class CpuRotaryEmbedding(RotaryEmbedding):
         return emb[:, None, None, :]  # [seq, 1, 1, dim]
 
 
-def build_rope_gpt(spec: ModelSpec, groups: StageGroups, seed: int = 0,
-                   rotary_base: float = MEGATRON_ROPE_THETA) -> GPTModel:
+def hf_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """[head_dim / 2] fp32 inverse frequencies, computed as transformers computes them."""
+    dim = spec.kv_channels
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(
+        dtype=torch.float) / dim))
+    sc = spec.rope_scaling
+    if sc is None:
+        return inv
+    if sc.kind == "linear":
+        return inv / sc.factor
+    if sc.kind != "llama3":
+        raise ValueError(f"rope scaling {sc.kind!r} is not supported")
+    old = sc.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / sc.low_freq_factor, old / sc.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / sc.factor, inv)
+    smooth = (old / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / sc.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def set_inv_freq(model: GPTModel, spec: ModelSpec) -> None:
+    """Give ``model``'s rotary embedding the inverse frequencies of :func:`hf_inv_freq` (before
+    its first forward: Megatron caches the tables it makes)."""
+    rope = model.rotary_pos_emb
+    rope.inv_freq = hf_inv_freq(spec).to(rope.inv_freq.device)
+
+
+def build_rope_gpt(spec: ModelSpec, groups: StageGroups, seed: int = 0) -> GPTModel:
     """A tp=1, pp=1 GPTModel of ``spec`` with RoPE (``spec.learned_positions`` must be False)."""
     if spec.learned_positions:
         raise ValueError(f"{spec.name}: build_rope_gpt builds RoPE models; use build_gpt")
     if groups.tp.size() != 1 or groups.pp.size() != 1:
         raise ValueError("build_rope_gpt builds tp=1, pp=1 models")
-    torch.manual_seed(seed)
-    pgs = ProcessGroupCollection(
-        tp=groups.tp, pp=groups.pp, cp=groups.solo, tp_cp=groups.tp, dp=groups.solo,
-        dp_cp=groups.solo, embd=groups.embd, pos_embd=groups.pos_embd,
-    )
-    model = GPTModel(
-        config=transformer_config(spec, 1, 1),
-        transformer_layer_spec=layer_spec(spec),
-        vocab_size=spec.vocab_size,
-        max_sequence_length=spec.max_seq_len,
-        pre_process=True,
-        post_process=True,
-        share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(rotary_base),
-        pg_collection=pgs,
-    )
-    model.rotary_pos_emb.__class__ = CpuRotaryEmbedding
-    return model
+    return build_gpt(spec, 1, 1, 0, groups, seed=seed)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nereus.config.run import DEEPSPEED_OWNED_KEYS
 from nereus.emu.shards import LocalShard, shards_at
 from nereus.emu.unit import Emu, Layout
 from nereus.emu.zero import Fragment, RankPartition
@@ -47,9 +48,7 @@ from nereus.spec.model import ModelSpec
 
 ZERO_STAGES = (1, 2, 3)
 # DeepSpeed config keys Nereus sets itself (the batch, the optimizer, the precision, the stage)
-OWNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-              "managed_gradient_accumulation", "optimizer", "scheduler", "fp16", "bf16",
-              "amp", "zero_allow_untested_optimizer")
+OWNED_KEYS = DEEPSPEED_OWNED_KEYS  # set by Nereus: refused when the config is read
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -272,16 +271,19 @@ class ZeroUnit:
         for g in range(len(self.optimizer.optimizer.param_groups)):
             self.optimizer.optimizer.state[self.hp(g)]["step"].fill_(value)
 
-    def forward_backward(self, microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
-        """Accumulate the gradients of ``loss_fn`` over ``microbatches`` (the Megatron engine's
-        schedule and losses; scaled by dp, see the module docstring); returns the summed loss."""
+    def forward_backward(self, microbatches: Sequence[torch.Tensor], loss_fn: LossFn,
+                         valid: Sequence[torch.Tensor | None] | None = None) -> float:
+        """Accumulate the gradients of ``loss_fn`` over ``microbatches`` (padded where
+        ``valid`` is False; the Megatron engine's schedule and losses; scaled by dp, see the
+        module docstring); returns the summed loss."""
         dp = self.dp
 
         def scaled(i: int, logits: torch.Tensor) -> torch.Tensor:
             return loss_fn(i, logits) * dp
 
         link = stage_link(self.emu, self.global_rank, self.groups.pp, self.spec.hidden_size)
-        return forward_backward(self.engine, link, self.groups.tp, microbatches, scaled) / dp
+        return forward_backward(self.engine, link, self.groups.tp, microbatches, scaled,
+                                valid) / dp
 
     def step(self) -> None:
         """DeepSpeed reduces the accumulated gradients over the DP group and steps Adam."""

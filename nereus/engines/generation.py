@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nereus.engines.masks import attention_mask, decode_mask, positions_of
 from nereus.engines.pipeline import StageLink, forward_cached, from_last
 from nereus.engines.vocab import GatherLastDim
 from nereus.rl.task import EOS, PAD
@@ -116,14 +117,21 @@ def _choose(logits: torch.Tensor | None, u: torch.Tensor, temperature: float, gr
 
 def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch.Tensor,
              uniforms: torch.Tensor, max_new: int, temperature: float = 1.0,
-             greedy: bool = False, link: StageLink | None = None) -> Generated:
+             greedy: bool = False, link: StageLink | None = None,
+             prompt_valid: torch.Tensor | None = None, eos_ids: tuple[int, ...] = (EOS,),
+             pad_id: int = PAD) -> Generated:
     """Sample up to ``max_new`` tokens after ``prompts`` [b, P] with a KV cache.
+
+    ``prompt_valid`` [b, P] (True on real tokens) masks a left-padded batch's padding out of
+    every attention (:mod:`nereus.engines.masks`): each row samples what it samples alone.
+    A row stops at the first of ``eos_ids`` it samples (kept, mask 1); after it come
+    ``pad_id`` tokens (mask 0).
 
     Every rank of the unit calls this with the same inputs (Megatron gathers the vocab-parallel
     logits over the unit's tp group, ``tp_group`` is that group). With ``link`` (pp > 1) every
     prefill and decode step runs through the pipeline stages (each caches its own layers), the
     last stage picks the tokens and broadcasts them over the pp group, so every stage returns
-    the same result. Stops early when every sequence has emitted EOS."""
+    the same result. Stops early when every sequence has stopped."""
     from megatron.core.inference.contexts import StaticInferenceContext
 
     if link is not None and link.pp == 1:
@@ -131,18 +139,24 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
     dev = next(model.parameters()).device  # inputs go to the model; results come back to host
     prompts, uniforms = prompts.to(dev), uniforms.to(dev)
     b, p_len = prompts.shape
+    valid = None if prompt_valid is None or bool(prompt_valid.all()) else prompt_valid.to(
+        dev).bool()
+    keys = valid  # [b, keys so far] validity of the cached keys
+    real = p_len if valid is None else valid.sum(dim=1, keepdim=True)  # real prompt tokens
+    stops = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
     ctx = StaticInferenceContext(max(b, 1), p_len + max_new)
-    out = torch.full((b, max_new), PAD, dtype=torch.long, device=dev)
+    out = torch.full((b, max_new), pad_id, dtype=torch.long, device=dev)
     logp = torch.zeros(b, max_new, dtype=torch.float64, device=dev)
     mask = torch.zeros(b, max_new, dtype=torch.float64, device=dev)
     done = torch.zeros(b, dtype=torch.bool, device=dev)
 
-    def last_logits(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+    def last_logits(tokens: torch.Tensor, positions: torch.Tensor,
+                    mask: torch.Tensor | None) -> torch.Tensor | None:
         if link is None:
-            local: torch.Tensor = model(tokens, positions, None, inference_context=ctx,
+            local: torch.Tensor = model(tokens, positions, mask, inference_context=ctx,
                                         runtime_gather_output=True)
         else:
-            got = forward_cached(model, link, tokens, positions, ctx)
+            got = forward_cached(model, link, tokens, positions, ctx, mask)
             if got is None:
                 return None
             local = got
@@ -150,19 +164,21 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
 
     model.eval()
     with torch.no_grad():
-        logits = last_logits(prompts, torch.arange(p_len, device=dev).expand(b, p_len))
+        logits = last_logits(prompts, positions_of(valid, b, p_len, dev), attention_mask(valid))
         ctx.sequence_len_offset += p_len
         for t in range(max_new):
             tok, lp = _choose(logits, uniforms[:, t], temperature, greedy, link)
             live = ~done
-            out[:, t] = torch.where(live, tok, torch.full_like(tok, PAD))
+            out[:, t] = torch.where(live, tok, torch.full_like(tok, pad_id))
             logp[:, t] = torch.where(live, lp, torch.zeros_like(lp))
             mask[:, t] = live.double()
-            done = done | (tok == EOS)
+            done = done | torch.isin(tok, stops)
             if bool(done.all()) or t == max_new - 1:
                 break
-            pos = torch.full((b, 1), p_len + t, dtype=torch.long, device=dev)
-            logits = last_logits(out[:, t:t + 1], pos)
+            pos = (torch.zeros(b, 1, dtype=torch.long, device=dev) + real + t).long()
+            if keys is not None:
+                keys = torch.cat([keys, torch.ones(b, 1, dtype=torch.bool, device=dev)], dim=1)
+            logits = last_logits(out[:, t:t + 1], pos, decode_mask(keys))
             ctx.sequence_len_offset += 1
     kv_bytes = 0
     for mem in ctx.key_value_memory_dict.values():

@@ -4,8 +4,10 @@ GPU (effectful).
 Process groups are passed to Megatron explicitly through a ``ProcessGroupCollection``; Megatron's
 global ``parallel_state`` is never initialised here. The stock local core attention allocates on
 CUDA (``parallel_state.get_global_memory_buffer``), so it is replaced by :class:`SdpaAttention`,
-which calls ``torch.nn.functional.scaled_dot_product_attention``. Positions are learned absolute
-embeddings (RoPE in Megatron moves ``inv_freq`` to CUDA).
+which calls ``torch.nn.functional.scaled_dot_product_attention`` and honours a padding mask
+(:mod:`nereus.engines.masks`). Positions are learned absolute embeddings or RoPE (on the CPU
+through :class:`nereus.engines.cpu_rope.CpuRotaryEmbedding`: Megatron's own moves ``inv_freq``
+to CUDA), with the inverse frequencies of the spec's base and scaling.
 
 On a GPU (``build_gpt(..., device=cuda)``) the model is allocated on the device in bf16 with
 Megatron's stock attention and RoPE; the sections below describe the CPU build.
@@ -34,15 +36,17 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from nereus.spec.model import ModelSpec
+from nereus.spec.model import ModelSpec, pipeline_split
 
 
 class SdpaAttention(MegatronModule):
     """Causal core attention over torch SDPA; same call signature as Megatron's DotProductAttention.
 
     Inputs are [s, b, heads, head_dim] (keys/values with the rank's query groups); output is
-    [s, b, heads * head_dim]. The attention mask passed by GPTModel is causal and is ignored in
-    favour of ``is_causal=True``.
+    [s, b, heads * head_dim]. Without a mask the attention is causal (``is_causal=True``; a
+    decode query against a longer cache: bottom-right aligned). A mask is Megatron's convention,
+    boolean [b, 1, sq, sk] with True where a query must *not* attend — the causal and padding
+    mask of a padded batch (:func:`nereus.engines.masks.attention_mask`), used as given.
     """
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: Any,
@@ -64,7 +68,10 @@ class SdpaAttention(MegatronModule):
             value = value.repeat_interleave(heads // groups, dim=2)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
         sq, sk = q.shape[2], k.shape[2]
-        if sq == sk:
+        if attention_mask is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=~attention_mask,
+                                                 scale=self.softmax_scale)
+        elif sq == sk:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         else:  # KV-cache decode: the new queries sit at the end of the key sequence
             mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
@@ -90,7 +97,15 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int, initialize: bool = Tru
     on the CPU) unless ``on_device`` (weights allocated on the current CUDA device), parameters
     and pipeline activations in ``dtype``.
 
-    ``initialize=False`` leaves weights uninitialised (for units about to be filled)."""
+    ``initialize=False`` leaves weights uninitialised (for units about to be filled). A ``pp``
+    that does not divide the layers builds Megatron's uneven split
+    (``num_layers_in_first/last_pipeline_stage`` from :func:`nereus.spec.model.pipeline_split`,
+    the middle stages even), as the shard rules (``nereus.emu.shards``) lay it out."""
+    uneven: dict[str, Any] = {}
+    if pp > 1 and spec.num_layers % pp:
+        first, _, last = pipeline_split(spec.num_layers, pp)
+        uneven = {"num_layers_in_first_pipeline_stage": first,
+                  "num_layers_in_last_pipeline_stage": last}
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -101,8 +116,10 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int, initialize: bool = Tru
         gated_linear_unit=spec.gated_mlp,
         activation_func=F.silu if spec.gated_mlp else F.gelu,
         normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+        layernorm_epsilon=spec.norm_eps,
         qk_layernorm=spec.qk_norm,
         add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
@@ -118,6 +135,7 @@ def transformer_config(spec: ModelSpec, tp: int, pp: int, initialize: bool = Tru
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
+        **uneven,
     )
 
 
@@ -164,11 +182,7 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
         dp_cp=groups.solo, embd=groups.embd, pos_embd=groups.pos_embd,
     )
     rope = not spec.learned_positions
-    extra: dict[str, Any] = {}
-    if rope:
-        from nereus.emu.hf_layout import MEGATRON_ROPE_THETA
-
-        extra["rotary_base"] = int(MEGATRON_ROPE_THETA)
+    extra: dict[str, Any] = {"rotary_base": spec.rope_theta} if rope else {}
     with torch.cuda.device(device) if on_device else contextlib.nullcontext():
         model = GPTModel(
             config=transformer_config(spec, tp, pp, initialize, on_device, dtype),
@@ -182,10 +196,12 @@ def build_gpt(spec: ModelSpec, tp: int, pp: int, pp_rank: int, groups: StageGrou
             pg_collection=pgs,
             **extra,
         )
-    if rope and not on_device:
-        from nereus.engines.cpu_rope import CpuRotaryEmbedding
+    if rope:
+        from nereus.engines.cpu_rope import CpuRotaryEmbedding, set_inv_freq
 
-        model.rotary_pos_emb.__class__ = CpuRotaryEmbedding
+        set_inv_freq(model, spec)  # base and scaling as Hugging Face computes them
+        if not on_device:
+            model.rotary_pos_emb.__class__ = CpuRotaryEmbedding
     if on_device or dtype != torch.float32:
         # as Megatron's get_model: modules it builds with torch defaults (norms, learned
         # positions) onto the device too, and the whole model in the dtype (Float16Module)

@@ -27,9 +27,11 @@ import torch
 import torch.distributed as dist
 
 from nereus.emu.unit import Emu
+from nereus.engines.masks import attention_mask, positions_of
 from nereus.engines.vocab import full_vocab
 
 LossFn = Callable[[int, torch.Tensor], torch.Tensor]  # (microbatch index, logits) → loss
+Valid = torch.Tensor | None  # [b, s] True on real tokens of a padded batch (engines/masks.py)
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,12 @@ def stage_link(emu: Emu, global_rank: int, pp_group: Any, hidden_size: int,
                      hidden_size, staged)
 
 
-def _positions(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+def _positions(tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    return positions_of(valid, tokens.shape[0], tokens.shape[1], tokens.device)
+
+
+def _mask(valid: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return attention_mask(None if valid is None else valid.to(device))
 
 
 def _where(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -105,10 +111,11 @@ def _send(link: StageLink, t: torch.Tensor, dst: int | None, tag: int) -> None:
 
 
 def _stage_out(model: torch.nn.Module, link: StageLink, tokens: torch.Tensor,
-               received: torch.Tensor | None) -> torch.Tensor:
+               received: torch.Tensor | None, valid: Valid = None) -> torch.Tensor:
     if not link.first:
         model.set_input_tensor(received)  # type: ignore[operator]
-    out: torch.Tensor = model(tokens, _positions(tokens), None)
+    valid = None if valid is None else valid.to(tokens.device)
+    out: torch.Tensor = model(tokens, _positions(tokens, valid), _mask(valid, tokens.device))
     return out
 
 
@@ -117,16 +124,17 @@ def _act_shape(link: StageLink, tokens: torch.Tensor) -> tuple[int, int, int]:
 
 
 def forward_logits(model: torch.nn.Module, link: StageLink, tp_group: Any,
-                   tokens: torch.Tensor) -> torch.Tensor | None:
-    """Forward only (no grad): full-vocabulary logits [b, s, vocab] of ``tokens`` [b, s] on the
-    last stage, None on the others. Every rank of the unit calls it with the same tokens."""
+                   tokens: torch.Tensor, valid: Valid = None) -> torch.Tensor | None:
+    """Forward only (no grad): full-vocabulary logits [b, s, vocab] of ``tokens`` [b, s] (padded
+    where ``valid`` is False) on the last stage, None on the others. Every rank of the unit
+    calls it with the same tokens."""
     device, dtype = _where(model)
     tokens = tokens.to(device)
     with torch.no_grad():
         received = None
         if not link.first:
             received = _recv(link, link.prev_rank, _act_shape(link, tokens), 0, device, dtype)
-        out = _stage_out(model, link, tokens, received)
+        out = _stage_out(model, link, tokens, received, valid)
         if not link.last:
             _send(link, out, link.next_rank, 0)
             return None
@@ -134,16 +142,18 @@ def forward_logits(model: torch.nn.Module, link: StageLink, tp_group: Any,
 
 
 def forward_cached(model: torch.nn.Module, link: StageLink, tokens: torch.Tensor,
-                   positions: torch.Tensor, ctx: Any) -> torch.Tensor | None:
+                   positions: torch.Tensor, ctx: Any,
+                   mask: torch.Tensor | None = None) -> torch.Tensor | None:
     """One KV-cache forward (prefill or decode) through the pipeline, no grad: the output layer's
     logits on the last stage (Megatron returns the last position only), None elsewhere. Each
-    stage keeps the KV cache of its own layers in ``ctx``."""
+    stage keeps the KV cache of its own layers in ``ctx``; ``mask``: the step's attention mask
+    (:mod:`nereus.engines.masks`)."""
     device, dtype = _where(model)
     with torch.no_grad():
         if not link.first:
             received = _recv(link, link.prev_rank, _act_shape(link, tokens), 0, device, dtype)
             model.set_input_tensor(received)  # type: ignore[operator]
-        out: torch.Tensor = model(tokens, positions, None, inference_context=ctx,
+        out: torch.Tensor = model(tokens, positions, mask, inference_context=ctx,
                                   runtime_gather_output=True)
         if not link.last:
             _send(link, out, link.next_rank, 0)
@@ -168,14 +178,17 @@ def from_last(link: StageLink, value: torch.Tensor | None, like: torch.Tensor) -
 
 
 def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
-                     microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
-    """1F1B over ``microbatches`` (token tensors [b_i, s]); gradients accumulate in the model's
-    ``.grad``. ``loss_fn(i, logits)`` runs on the last stage; returns the sum of its values there
-    (0.0 on the other stages). On a GPU whose pp group is a device communicator, Megatron's own
-    schedule runs (:func:`megatron_forward_backward`); elsewhere this CPU schedule."""
+                     microbatches: Sequence[torch.Tensor], loss_fn: LossFn,
+                     valid: Sequence[Valid] | None = None) -> float:
+    """1F1B over ``microbatches`` (token tensors [b_i, s], padded where ``valid[i]`` is False);
+    gradients accumulate in the model's ``.grad``. ``loss_fn(i, logits)`` runs on the last
+    stage; returns the sum of its values there (0.0 on the other stages). On a GPU whose pp
+    group is a device communicator, Megatron's own schedule runs
+    (:func:`megatron_forward_backward`); elsewhere this CPU schedule."""
     device, dtype = _where(model)
+    valid = list(valid) if valid is not None else [None] * len(microbatches)
     if device.type == "cuda" and not link.staged:
-        return megatron_forward_backward(model, link, tp_group, microbatches, loss_fn)
+        return megatron_forward_backward(model, link, tp_group, microbatches, loss_fn, valid)
     microbatches = [m.to(device) for m in microbatches]
     n = len(microbatches)
     inputs: dict[int, torch.Tensor | None] = {}
@@ -190,7 +203,7 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
         if not link.first:
             received = _recv(link, link.prev_rank, _act_shape(link, tokens), 2 * i, device, dtype)
             received.requires_grad_(True)
-        out = _stage_out(model, link, tokens, received)
+        out = _stage_out(model, link, tokens, received, valid[i])
         inputs[i] = received
         if link.last:
             loss = loss_fn(i, full_vocab(model, out, tp_group))
@@ -231,7 +244,8 @@ def forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
 
 
 def megatron_forward_backward(model: torch.nn.Module, link: StageLink, tp_group: Any,
-                              microbatches: Sequence[torch.Tensor], loss_fn: LossFn) -> float:
+                              microbatches: Sequence[torch.Tensor], loss_fn: LossFn,
+                              valid: Sequence[Valid] | None = None) -> float:
     """The same contract as :func:`forward_backward`, run by Megatron-core's schedules on a GPU
     (``forward_backward_no_pipelining`` at pp = 1, the non-interleaved 1F1B otherwise) with the
     unit's explicit groups. Megatron divides each microbatch's loss by the microbatch count;
@@ -251,10 +265,14 @@ def megatron_forward_backward(model: torch.nn.Module, link: StageLink, tp_group:
     config.variable_seq_lengths = len(sizes) > 1  # the last microbatch may be shorter
     pgs: Any = model.pg_collection
 
+    masks = list(valid) if valid is not None else [None] * n
+
     def forward_step(data_iterator: Any, stage: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         i, tokens = next(data_iterator)
         tokens = tokens.to(device)
-        out: torch.Tensor = stage(tokens, _positions(tokens), None)
+        mb_valid = masks[i]
+        v = None if mb_valid is None else mb_valid.to(device)
+        out: torch.Tensor = stage(tokens, _positions(tokens, v), _mask(v, device))
 
         def loss_func(output: torch.Tensor, i: int = i) -> tuple[torch.Tensor, dict[str, Any]]:
             loss = loss_fn(i, full_vocab(model, output, tp_group))

@@ -12,7 +12,8 @@ not behaviour observed on a GPU.
   lives in this process), ``tensor_parallel_size`` = the unit's tp. The model directory holds
   only a generated Hugging Face ``config.json`` (:func:`nereus.emu.hf_layout.hf_config`);
   ``load_format="dummy"`` leaves the weights to :meth:`VllmEngine.refresh_weights`, and
-  ``skip_tokenizer_init=True`` because prompts are token ids (``{"prompt_token_ids": [...]}``).
+  ``skip_tokenizer_init=True`` because prompts are token ids (``{"prompt_token_ids": [...]}``,
+  each prompt without its left padding: vLLM batches sequences of any length itself).
   ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the
   temperature-scaled distribution that was sampled, as the Megatron engine's are;
   ``generation_config="vllm"`` keeps vLLM's neutral sampling defaults; prefix caching is off.
@@ -22,7 +23,7 @@ not behaviour observed on a GPU.
   ``[k·tp, (k+1)·tp)`` covering the world, at pp = 1 — checked on every rank before any engine
   is built, one line otherwise.
 - **Sampling**: one ``SamplingParams`` per row — ``temperature``, ``max_tokens``,
-  ``logprobs=0`` (the sampled token's own log-prob), ``stop_token_ids=[EOS]``,
+  ``logprobs=0`` (the sampled token's own log-prob), ``stop_token_ids`` the request's EOS ids,
   ``seed=request_seed(seed, step, global sample index)`` — so a row's sample does not depend on
   which replica or batch it ran in; greedy (ReMax's baseline) is ``temperature=0``.
 - **Weights**: after every weight sync the runtime's EMU transfer has written actor-train's
@@ -124,8 +125,10 @@ def vllm_dtype(dtype_bytes: int) -> str:
 
 
 def outputs_to_generated(prompts: Any, outputs: Sequence[Any], max_new: int,
-                         kv_bytes: int) -> Generated:
-    """vLLM ``RequestOutput``s (one per prompt row, in order) → ``Generated``."""
+                         kv_bytes: int, eos_ids: Sequence[int] = (EOS,),
+                         pad_id: int = PAD) -> Generated:
+    """vLLM ``RequestOutput``s (one per prompt row, in order) → ``Generated`` (the prompts as
+    given, padding included; each response cut after its first EOS, then ``pad_id``)."""
     import torch
 
     from nereus.engines.generation import Generated
@@ -133,7 +136,7 @@ def outputs_to_generated(prompts: Any, outputs: Sequence[Any], max_new: int,
     b = prompts.shape[0]
     if len(outputs) != b:
         raise NereusError(f"vLLM returned {len(outputs)} outputs for {b} prompts")
-    tokens = torch.full((b, max_new), PAD, dtype=torch.long)
+    tokens = torch.full((b, max_new), pad_id, dtype=torch.long)
     logp = torch.zeros(b, max_new, dtype=torch.float64)
     mask = torch.zeros(b, max_new, dtype=torch.float64)
     for i, out in enumerate(outputs):
@@ -141,8 +144,9 @@ def outputs_to_generated(prompts: Any, outputs: Sequence[Any], max_new: int,
         ids = list(comp.token_ids)
         if len(ids) > max_new:
             raise NereusError(f"vLLM returned {len(ids)} tokens for max_tokens={max_new}")
-        if EOS in ids:  # nothing after the first EOS counts (the mask covers EOS itself)
-            ids = ids[:ids.index(EOS) + 1]
+        stop = next((j for j, tok in enumerate(ids) if tok in eos_ids), None)
+        if stop is not None:  # nothing after the first EOS counts (the mask covers EOS itself)
+            ids = ids[:stop + 1]
         lps = comp.logprobs or []
         if len(lps) < len(ids):
             raise NereusError(f"vLLM returned log-probs for {len(lps)} of {len(ids)} tokens")
@@ -204,16 +208,17 @@ class VllmEngine:
         sp = self._vllm.SamplingParams
         temperature = 0.0 if req.greedy else req.temperature
         return [sp(n=1, temperature=temperature, max_tokens=req.max_new_tokens, logprobs=0,
-                   stop_token_ids=[EOS], seed=request_seed(req.seed, req.step, int(i)),
+                   stop_token_ids=list(req.eos_ids),
+                   seed=request_seed(req.seed, req.step, int(i)),
                    detokenize=False)
                 for i in req.sample_ids]
 
     def generate(self, req: GenRequest) -> Generated:
-        prompts = [{"prompt_token_ids": [int(t) for t in row]} for row in req.prompts.tolist()]
+        prompts = [{"prompt_token_ids": row} for row in req.unpadded()]  # no padding: no mask
         outputs = self.llm.generate(prompts, sampling_params=self.sampling_params(req),
                                     use_tqdm=False)
         return outputs_to_generated(req.prompts, outputs, req.max_new_tokens,
-                                    self.kv_cache_bytes())
+                                    self.kv_cache_bytes(), req.eos_ids, req.pad_id)
 
     def refresh_weights(self) -> int:
         """Load the unit's current weights into vLLM's model; returns the bytes handed over."""

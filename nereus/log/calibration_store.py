@@ -18,12 +18,15 @@ from nereus.errors import ConfigError
 from nereus.log.outputs import NewFile
 
 FORMAT = "nereus-calibration"
-VERSION = 1
+# 1: efficiencies and memory factors, fixed costs only when any was learned; 2 (written now):
+# the same with "fixed_costs" always present (the live calibration of run-log schema 2).
+VERSION = 2
+READ_VERSIONS = (1, 2)
 
 
 def calibration_json(calib: Calibration) -> bytes:
-    """The file's content for ``calib``."""
-    doc = {"format": FORMAT, "version": VERSION, **calib.to_dict()}
+    """The file's content for ``calib`` (version :data:`VERSION`)."""
+    doc = {"format": FORMAT, "version": VERSION, "fixed_costs": {}, **calib.to_dict()}
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -65,8 +68,12 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
                      "--calibration", p)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError("--calibration", p, f'not a calibration file (needs "format": "{FORMAT}")')
-    if doc.get("version") != VERSION:
-        raise ConfigError("--calibration", doc.get("version"), f"calibration file version must be {VERSION}")
+    version = doc.get("version")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        shown = "missing" if "version" not in doc else f"{version!r}"[:40]
+        raise ConfigError("--calibration", p, f"calibration file version {shown}; this nereus "
+                          f"reads versions {' and '.join(map(str, READ_VERSIONS))} (and writes "
+                          f"{VERSION})")
     body = {k: v for k, v in doc.items() if k not in ("format", "version")}
     return Calibration.from_dict(body)
 

@@ -78,7 +78,8 @@ def summarize(log: RunLog) -> dict[str, Any]:
         "path": log.path,
         "schema_version": log.schema_version,
         "nereus_version": log.nereus_version,
-        "run_meta": log.run_meta,
+        "run_meta": {k: v for k, v in log.run_meta.items() if k != "fingerprint"},
+        "fingerprints": job_fingerprints(log),
         "closed": log.closed,
         "dropped_rows": {k: v for k, v in log.dropped_rows.items() if v},
         "steps": int(step_s.size),
@@ -109,6 +110,33 @@ def summarize(log: RunLog) -> dict[str, Any]:
     }
 
 
+def job_fingerprints(log: RunLog) -> list[dict[str, Any]]:
+    """The job fingerprint (:mod:`nereus.config.fingerprint`) each run segment recorded in its
+    ``run-start`` event, in order: ``{"segment", "digest", "summary"}`` (digest None: the
+    segment recorded none, or one that does not match its parts)."""
+    from nereus.config.fingerprint import Fingerprint
+
+    out: list[dict[str, Any]] = []
+    kinds, details = log.events["kind"].tolist(), log.events["detail"].tolist()
+    for kind, detail in zip(kinds, details, strict=True):
+        if kind != "run-start":
+            continue
+        raw = detail.get("fingerprint") if isinstance(detail, dict) else None
+        fp = Fingerprint.from_dict(raw) if raw is not None else None
+        out.append({"segment": len(out), "digest": fp.digest if fp else None,
+                    "summary": fp.summary() if fp else ("malformed" if raw else "none")})
+    return out
+
+
+def _fingerprint_line(fps: list[dict[str, Any]]) -> str | None:
+    if not fps or all(f["digest"] is None and f["summary"] == "none" for f in fps):
+        return None
+    if len({f["digest"] for f in fps}) == 1:
+        return f"job fingerprint: {fps[0]['summary']} (every one of {len(fps)} segment(s))"
+    return "job fingerprints DIFFER across segments: " + "; ".join(
+        f"segment {f['segment']}: {f['summary']}" for f in fps)
+
+
 def _stage_error(log: RunLog) -> dict[str, Any]:
     """Mean absolute percentage error of the model-stage time predictions, per step."""
     t = log.tables["stage_times"]
@@ -128,6 +156,9 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["run_meta"]:
         meta = ", ".join(f"{k}={v}" for k, v in list(s["run_meta"].items())[:8])
         lines.append(f"run: {meta}")
+    job = _fingerprint_line(s.get("fingerprints", []))
+    if job:
+        lines.append(job)
     if s["closed"]:
         lines.append("writer: closed the file")
     else:

@@ -117,6 +117,7 @@ class RunLogWriter:
         initial_plan: Any = None,
         overwrite: bool = False,
         memory: bool = False,
+        start: Mapping[str, Any] | None = None,  # run-start detail (nereus run: its fingerprint)
     ) -> None:
         self.path = Path(path)
         self._buffer = io.BytesIO() if memory else None
@@ -165,7 +166,7 @@ class RunLogWriter:
             if self._buffer is None:
                 self.path.unlink(missing_ok=True)
             raise
-        self._start(0, [], -1, {"pid": os.getpid()}, fresh=True)
+        self._start(0, [], -1, {"pid": os.getpid(), **dict(start or {})}, fresh=True)
 
     def _start(self, heap_len: int, transition_steps: list[int], last_step: int,
                start: dict[str, Any], fresh: bool = False) -> None:

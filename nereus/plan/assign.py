@@ -90,11 +90,68 @@ def assign(
     choice: Mapping[str, Candidate],
     pool: Sequence[int],
     workflow: Workflow | None = None,
+    keep: ExecutionPlan | None = None,
 ) -> ExecutionPlan:
     """Place every chosen candidate on ``pool``; ``InfeasiblePlanError`` if it cannot fit.
 
-    ``workflow``: ``setup.job.workflow``, if the caller has it built already.
+    ``workflow``: ``setup.job.workflow``, if the caller has it built already. ``keep``: the
+    running plan — a model-stage whose (tp, pp) stays keeps its replicas that are whole on the
+    pool where they are (up to its new dp; the rest placed by the rules above on what is left),
+    so a transition moves only what changes (after a node loss: no surviving unit moves). Where
+    that leaves no room, the placement without it.
     """
+    if keep is not None:
+        try:
+            return _assign(setup, choice, pool, workflow, keep)
+        except InfeasiblePlanError:
+            pass  # the kept replicas fragment the nodes: place everything afresh
+    return _assign(setup, choice, pool, workflow, None)
+
+
+def _kept(keep: ExecutionPlan | None, phase: Sequence[str], choice: Mapping[str, Candidate],
+          room: dict[int, list[int]], gpn: int) -> dict[str, list[tuple[int, ...]]]:
+    """The running plan's replicas the phase's model-stages keep (same tp and pp, every GPU
+    free in ``room``, up to the new dp), taken out of ``room``, in their old DP rank order.
+
+    Where the new dp keeps fewer than survive, the replicas dropped are those on the nodes that
+    hold the fewest of the model-stage's surviving GPUs (ties: the node that comes last in DP
+    rank order), so a shrinking model-stage frees whole nodes for the others rather than
+    half-nodes that a wider replica cannot use."""
+    out: dict[str, list[tuple[int, ...]]] = {}
+    if keep is None:
+        return out
+    held = {sp.name: sp for sp in keep.stages}
+    free = {g for ids in room.values() for g in ids}
+    for name in phase:
+        c, old = choice[name], held.get(name)
+        if old is None or (old.tp, old.pp) != (c.tp, c.pp):
+            continue
+        whole = [tuple(rep) for rep in old.replicas if all(g in free for g in rep)]
+        if len(whole) > c.dp:
+            count: dict[int, int] = {}
+            for rep in whole:
+                for g in rep:
+                    count[g // gpn] = count.get(g // gpn, 0) + 1
+            first = {n: i for i, n in reversed(list(enumerate(g // gpn for r in whole for g in r)))}
+            rank = {n: k for k, n in enumerate(sorted(count, key=lambda n: (-count[n], first[n])))}
+            pick = sorted(range(len(whole)),
+                          key=lambda i: (max(rank[g // gpn] for g in whole[i]), i))[: c.dp]
+            whole = [whole[i] for i in sorted(pick)]
+        for rep in whole:
+            free.difference_update(rep)
+        out[name] = whole
+    for node in room:
+        room[node] = [g for g in room[node] if g in free]
+    return out
+
+
+def _assign(
+    setup: Setup,
+    choice: Mapping[str, Candidate],
+    pool: Sequence[int],
+    workflow: Workflow | None,
+    keep: ExecutionPlan | None,
+) -> ExecutionPlan:
     gpn = setup.cluster.gpus_per_node
     wf = workflow if workflow is not None else setup.job.workflow
     free: dict[int, list[int]] = {}
@@ -128,6 +185,7 @@ def assign(
         bins = {n: sorted(ids) for n, ids in lane_gpus[li].items()}
         for phase in lane:
             room = {n: list(ids) for n, ids in bins.items()}
+            kept = _kept(keep, phase, choice, room, gpn)
             order = sorted(
                 range(len(phase)),
                 key=lambda i: (-granule(choice[phase[i]].tp, choice[phase[i]].pp, gpn), i),
@@ -136,13 +194,15 @@ def assign(
                 name = phase[i]
                 c = choice[name]
                 size = granule(c.tp, c.pp, gpn)
-                group = [(r, blk) for r in range(c.dp) for blk in range(c.replica_size // size)]
+                have = kept.get(name, [])
+                group = [(r, blk) for r in range(len(have), c.dp)
+                         for blk in range(c.replica_size // size)]
                 spread = not wf.by_name(name).trainable or c.num_gpus > gpn
                 parts: dict[int, list[int]] = {}
                 failed = _take(group, size, spread, room, parts)
                 if failed:
                     raise InfeasiblePlanError(f"placement: {name} {failed}")
-                replicas[name] = [tuple(parts[r]) for r in range(c.dp)]
+                replicas[name] = have + [tuple(parts[r]) for r in range(len(have), c.dp)]
     stages = tuple(StagePlan.place(choice[n], tuple(replicas[n])) for n in wf.names)
     return ExecutionPlan(stages)
 

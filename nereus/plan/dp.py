@@ -16,6 +16,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 
 from nereus.plan.candidates import Costed, StageTable, demand_of
+from nereus.plan.floor import lane_bounds
 from nereus.plan.problem import Problem
 
 # (latency_s, demand, x, y, picks): x, y are (P, PT) for options and (Σ P, max excess) for states.
@@ -58,7 +59,7 @@ def pareto(points: list[Point]) -> list[Point]:
     return [p for p in points if front.add(p[1], p[2], p[3])]
 
 
-def _stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> Sequence[Point]:
+def stage_points(table: StageTable, levels: tuple[int, ...], caps: tuple[int, ...]) -> Sequence[Point]:
     """DP points of the frontier candidates (front indices), by latency.
 
     On whole-node pools the table's points as they are (``phase_options`` cuts by GPUs); else
@@ -80,15 +81,27 @@ def _fits(d: tuple[int, ...], cap: tuple[int, ...]) -> bool:
 
 
 def phase_options(
-    stage_pts: Sequence[Sequence[Point]], cap: tuple[int, ...], max_latency_s: float
+    stage_pts: Sequence[Sequence[Point]], cap: tuple[int, ...], max_latency_s: float,
+    need: Sequence[Sequence[float]],
 ) -> list[Point]:
-    """Pareto options of one phase within ``cap`` and no slower than ``max_latency_s``."""
+    """Pareto options of one phase within ``cap`` whose plans can finish within
+    ``max_latency_s``: ``need`` gives per model-stage and point a lower bound of the step
+    latency of any plan using the point (its latency plus the other phases' floor, or
+    :class:`nereus.plan.floor.LaneBounds`); points above the cap are left out."""
     zero = tuple(0 for _ in cap)
     multi = len(cap) > 1  # level 1 is checked by the ``room0`` cut alone otherwise
+    within = [[p for p, v in zip(pts, nd, strict=True) if v <= max_latency_s]
+              for pts, nd in zip(stage_pts, need, strict=True)]
+    # The demand window: a model-stage's candidate can be combined only if the others' smallest
+    # demands within the latency bound still fit beside it (at 16,384 GPUs this keeps a few
+    # dozen of several thousand frontier points per model-stage near the bound).
+    least = [min((p[1][0] for p in pts), default=cap[0] + 1) for pts in within]
+    if sum(least) > cap[0]:
+        return []
     partial: list[Point] = [(0.0, zero, 0, 0, ())]
-    for pts in stage_pts:
-        k = bisect_right(pts, max_latency_s, key=lambda p: p[0])
-        usable = sorted((p for p in pts[:k] if p[1][0] <= cap[0]), key=lambda p: p[1])
+    for i, pts in enumerate(within):
+        room = cap[0] - (sum(least) - least[i])
+        usable = sorted((p for p in pts if p[1][0] <= room), key=lambda p: p[1])
         new: list[Point] = []
         for lat, dem, p, pt, picks in partial:
             room0 = cap[0] - dem[0]
@@ -116,49 +129,72 @@ def _relaxed_min(reduced: Sequence[list[tuple[float, tuple[int, ...]]]], cap: tu
     """Fastest phase latency within ``cap`` ignoring co-residency (a lower bound).
 
     The minimum over every combination (one option per model-stage within ``cap``) of the
-    largest latency. Options are tried fastest first, so a branch stops at the first option no
-    faster than the best found; on one level the last model-stage is answered by a prefix
-    minimum over its options sorted by GPUs (the fastest option within the GPUs left)."""
+    largest latency. On one level (whole-node pools) :func:`_relaxed_min_gpus` answers it by a
+    search over the latencies; otherwise options are tried fastest first, so a branch stops at
+    the first option no faster than the best found."""
+    if len(cap) == 1:
+        return _relaxed_min_gpus(reduced, cap[0])
     best = float("inf")
     if not reduced:
         return 0.0
     lists = [sorted(r) for r in reduced]
-    one = len(cap) == 1
-    if one:  # the last model-stage: fastest option with at most g GPUs, by bisection
-        by_gpus = sorted((d[0], lat) for lat, d in reduced[-1])
-        gpus = [g for g, _ in by_gpus]
-        fastest: list[float] = []
-        for _, lat in by_gpus:
-            fastest.append(min(lat, fastest[-1]) if fastest else lat)
-        lists = lists[:-1]
 
     def rec(k: int, lat: float, dem: tuple[int, ...]) -> None:
         nonlocal best
         if lat >= best:
             return
         if k == len(lists):
-            if one:
-                i = bisect_right(gpus, cap[0] - dem[0]) - 1
-                if i < 0:
-                    return
-                lat = max(lat, fastest[i])
-                if lat >= best:
-                    return
             best = lat
             return
         for l2, d2 in lists[k]:
             if l2 >= best:
                 break  # sorted: every later option is slower still
-            if one:
-                if dem[0] + d2[0] <= cap[0]:
-                    rec(k + 1, max(lat, l2), (dem[0] + d2[0],))
-                continue
             nd = tuple(a + b for a, b in zip(dem, d2, strict=True))
             if _fits(nd, cap):
                 rec(k + 1, max(lat, l2), nd)
 
     rec(0, 0.0, tuple(0 for _ in cap))
     return best
+
+
+def _relaxed_min_gpus(reduced: Sequence[list[tuple[float, tuple[int, ...]]]], cap: int) -> float:
+    """:func:`_relaxed_min` on a pool of whole nodes: the smallest latency L at which the
+    model-stages' fewest GPUs within L add up to at most ``cap`` (a search over the latencies,
+    each model-stage's fewest GPUs a running minimum along its own latencies)."""
+    if not reduced:
+        return 0.0
+    fewest: list[tuple[list[float], list[int]]] = []
+    for opts in reduced:
+        ordered = sorted((lat, d[0]) for lat, d in opts if d[0] <= cap)
+        if not ordered:
+            return float("inf")
+        lats, gs, low = [], [], cap + 1
+        for lat, g in ordered:
+            low = min(low, g)
+            lats.append(lat)
+            gs.append(low)
+        fewest.append((lats, gs))
+
+    def fits(limit: float) -> bool:
+        total = 0
+        for lats, gs in fewest:
+            i = bisect_right(lats, limit) - 1
+            if i < 0:
+                return False
+            total += gs[i]
+        return total <= cap
+
+    grid = sorted({lat for lats, _ in fewest for lat in lats})
+    lo, hi = 0, len(grid) - 1
+    if not fits(grid[hi]):
+        return float("inf")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(grid[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return grid[lo]
 
 
 def solve_lane(
@@ -241,6 +277,10 @@ def _split_floor(
 
 # Relative slack over the relaxed optimum tried in turn before the unbounded search.
 ROUNDS = (1e-9, 0.02, 0.1, 0.5)
+# Frontier points (all model-stages) from which a failed first round switches to the
+# memory-aware bounds (nereus.plan.floor): they cost tens of ms of numpy on small spaces, where
+# the wider rounds cost less; on thousands of GPUs they turn minutes into a second.
+MEMORY_BOUND_POINTS = 2000
 
 
 def solve(problem: Problem) -> dict[str, Costed] | None:
@@ -250,12 +290,14 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
     for two lanes also the best split of the pool between them) and a cap U = (1 + slack)·LB,
     options and states that cannot finish within U are dropped;
     a plan found within U is optimal (nothing within U was dropped). Otherwise the next slack,
-    and finally no cap.
+    and finally no cap. On pools of whole nodes with a large space, a failed first round
+    switches to the memory-aware bounds of :mod:`nereus.plan.floor` (the exact optimum of one
+    lane, and per point a bound of any plan using it) and starts the rounds again from them.
     """
     wf = problem.workflow
     fronts = {s.name: s.table.front for s in problem.spaces}  # records built when picked
     cap = problem.caps
-    pts = {s.name: _stage_points(s.table, problem.levels, cap) for s in problem.spaces}
+    pts = {s.name: stage_points(s.table, problem.levels, cap) for s in problem.spaces}
     lanes = wf.lanes
     fast: dict[str, list[tuple[float, tuple[int, ...]]]]
     if len(problem.levels) == 1:
@@ -264,16 +306,42 @@ def solve(problem: Problem) -> dict[str, Costed] | None:
         }
     else:
         fast = {n: _fastest(p, cap) for n, p in pts.items()}
+    # Per lane and phase: the phase's relaxed minimum (co-residency ignored); per model-stage
+    # and point, a lower bound of a plan's latency when it uses the point.
     lbs = [[_relaxed_min([fast[n] for n in phase], cap) for phase in lane] for lane in lanes]
-    lane_lb = [sum(lb) for lb in lbs]
-    floor_s = max(lane_lb, default=0.0)
+    need: dict[str, Sequence[float]] = {}
+    for lane, lb in zip(lanes, lbs, strict=True):
+        for k, phase in enumerate(lane):
+            other = (sum(lb) - lb[k]) * (1 - 1e-12)
+            need.update((n, [p[0] + other for p in pts[n]]) for n in phase)
+    floor_s = max((sum(lb) for lb in lbs), default=0.0)
     if floor_s == float("inf"):
         return None
     if len(lanes) == 2:
         floor_s = max(floor_s, _split_floor(lanes, fast, cap))
-    for slack in (*ROUNDS, None):
+    first, *rest = ROUNDS
+    got = _solve_within(problem, pts, fronts, lbs, need, floor_s * (1.0 + first) * (1.0 + 1e-12))
+    if got is not None:
+        return got
+    rounds: list[float | None] = [*rest, None]
+    if len(problem.levels) == 1 and sum(len(p) for p in pts.values()) >= MEMORY_BOUND_POINTS:
+        # the optimum is above the relaxed floor (co-residency binds) and the space is large:
+        # the memory-aware bounds (exact floor for one lane) keep the rounds narrow
+        mem_floor = 0.0
+        for lane in lanes:
+            b = lane_bounds([[pts[n] for n in phase] for phase in lane], cap[0],
+                            problem.capacity_bytes)
+            if b.floor_s == float("inf"):
+                return None
+            mem_floor = max(mem_floor, b.floor_s)
+            for phase, per_stage in zip(lane, b.need_s, strict=True):
+                for n, nd in zip(phase, per_stage, strict=True):
+                    need[n] = [max(a, c) for a, c in zip(need[n], nd, strict=True)]
+        floor_s = max(floor_s, mem_floor)
+        rounds = [*ROUNDS, None]
+    for slack in rounds:
         limit = float("inf") if slack is None else floor_s * (1.0 + slack) * (1.0 + 1e-12)
-        got = _solve_within(problem, pts, fronts, lbs, limit)
+        got = _solve_within(problem, pts, fronts, lbs, need, limit)
         if got is not None:
             return got
     return None
@@ -284,17 +352,15 @@ def _solve_within(
     pts: dict[str, Sequence[Point]],
     fronts: Mapping[str, Sequence[Costed]],
     lbs: list[list[float]],
+    need: Mapping[str, Sequence[float]],
     limit: float,
 ) -> dict[str, Costed] | None:
     wf, cap, capacity = problem.workflow, problem.caps, problem.capacity_bytes
     lane_opts: list[list[list[Point]]] = []
     rests: list[list[float]] = []
     for lane, lb in zip(wf.lanes, lbs, strict=True):
-        total = sum(lb)
-        opts = [
-            phase_options([pts[n] for n in phase], cap, limit - (total - lb[k]) * (1 - 1e-12))
-            for k, phase in enumerate(lane)
-        ]
+        opts = [phase_options([pts[n] for n in phase], cap, limit, [need[n] for n in phase])
+                for phase in lane]
         lane_opts.append(opts)
         rests.append([sum(lb[k + 1 :]) * (1 - 1e-12) for k in range(len(lane))])
 

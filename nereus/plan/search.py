@@ -64,6 +64,7 @@ def search_plan(
     cache: CostCache | None = None,
     layouts: Mapping[str, tuple[int, ...]] | None = None,
     workflow: Workflow | None = None,
+    keep: ExecutionPlan | None = None,
 ) -> PlanResult:
     """The plan minimizing the predicted step time on ``pool`` (default: the whole cluster).
 
@@ -78,7 +79,9 @@ def search_plan(
     On a cluster of several hardware types (``ClusterSpec.heterogeneous``) the vendor-aware
     search of :mod:`nereus.plan.hetero` answers (``cache`` unused there: each call costs every
     type's tables afresh, about 1 s at 128 GPUs of two types). ``workflow``: plan only this part
-    of the job's workflow (that search's per-type parts).
+    of the job's workflow (that search's per-type parts). ``keep``: the running plan, whose
+    replicas stay where they are when their model-stage keeps its (tp, pp)
+    (:func:`nereus.plan.assign.assign`).
     """
     if setup.cluster.heterogeneous:
         from nereus.plan import hetero  # it plans each type's part through this function
@@ -99,7 +102,7 @@ def search_plan(
         if choice is None:
             raise InfeasiblePlanError(no_plan_reason(problem))
         wf = problem.workflow
-        plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool_t, wf)
+        plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool_t, wf, keep)
         errors = placement_errors(setup, plan, pool_t, wf)
         if errors:
             raise InfeasiblePlanError(f"placement failed: {errors[0]}")

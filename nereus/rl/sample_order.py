@@ -4,7 +4,9 @@ Position ``p`` counts prompts consumed since the start of the run. Epoch ``e = p
 dataset of ``N`` prompts is a permutation drawn from ``(seed, e)`` alone, so the order does not
 depend on the plan: a replica with DP rank ``r`` of ``dp`` takes the contiguous slice ``r`` of the
 step's global batch, and after any transition the new replicas derive their slices from their DP
-rank and ``p`` — no sample is repeated or skipped.
+rank and ``p`` — no sample is repeated or skipped. Where ``dp`` does not divide the batch (uneven
+DP, ``nereus.spec.job.PlanSpace.uneven_dp``) the first ``n mod dp`` replicas take ``⌈n/dp⌉``
+sequences and the others ``⌊n/dp⌋``: the slices still tile the batch in order.
 """
 
 from __future__ import annotations
@@ -42,10 +44,13 @@ class SampleOrder:
 
 
 def replica_slice(global_batch: int, dp: int, dp_rank: int) -> tuple[int, int]:
-    """The [start, stop) of the global batch that DP replica ``dp_rank`` of ``dp`` processes."""
+    """The [start, stop) of the global batch that DP replica ``dp_rank`` of ``dp`` processes:
+    ``⌈n/dp⌉`` sequences for the first ``n mod dp`` replicas, ``⌊n/dp⌋`` for the rest, in DP
+    rank order (the planner's uneven DP: the largest share sets a candidate's time and memory)."""
     if dp <= 0 or not 0 <= dp_rank < dp:
         raise ValueError(f"dp_rank {dp_rank} outside dp {dp}")
-    if global_batch % dp:
-        raise ValueError(f"global batch {global_batch} not divisible by dp {dp}")
-    per = global_batch // dp
-    return dp_rank * per, (dp_rank + 1) * per
+    if dp > global_batch:
+        raise ValueError(f"dp {dp} exceeds the {global_batch} sequences: a replica would be idle")
+    per, extra = divmod(global_batch, dp)
+    start = dp_rank * per + min(dp_rank, extra)
+    return start, start + per + (1 if dp_rank < extra else 0)

@@ -83,3 +83,24 @@ class PatternTask:
     def reward(self, prompt: str, response_tokens: list[int]) -> float:
         run, matches = self.counts(prompt, response_tokens)
         return self.credit * (run + matches)
+
+    def reward_text(self, prompt: str, response: str) -> float:
+        """The same credit counted on characters of a decoded response (up to its first EOS):
+        the reward of a model with another tokenizer (a Hugging Face checkpoint's)."""
+        want = self.pattern_of(prompt)
+        run, matches, running = 0, 0, True
+        for i, ch in enumerate(response[: self.credit_len]):
+            hit = bool(want) and ch == want[i % len(want)]
+            matches += hit
+            running = running and hit
+            run += running
+        return self.credit * (run + matches)
+
+
+def task_identity(seed: int) -> dict[str, object]:
+    """The identity of the prompts of the built-in task a run with ``seed`` trains on: the
+    ``data`` part of the job fingerprint (:mod:`nereus.config.fingerprint`)."""
+    from dataclasses import asdict
+
+    return {"source": "built-in pattern task", **asdict(PatternTask(seed=seed)),
+            "alphabet": ALPHABET, "vocab_size": VOCAB_SIZE}

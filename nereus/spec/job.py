@@ -41,15 +41,15 @@ class PlanSpace:
       ``⌈n/dp⌉`` or ``⌊n/dp⌋`` of them (generation and inference: prompts; training: sequences of
       an update, the loss normalized over the global batch); of the DP degrees with the same
       largest share only the smallest is proposed. Costs and memory follow the largest share.
+
+    ``nereus plan``, ``simulate`` and ``run`` search the same space (issue 37: the runtime builds
+    uneven pipelines and runs uneven DP); ``job.pipeline_split: even`` and ``job.uneven_dp:
+    false`` narrow it for all three.
     """
 
     pipeline: str = "uneven"
     uneven_dp: bool = True
 
-
-# What `nereus run`'s runtime executes today: pipeline stages with equal layers (its Megatron
-# stage models and shard rules) and DP degrees that divide the batch (its even batch split).
-RUNTIME_PLAN_SPACE = PlanSpace(pipeline="even", uneven_dp=False)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ADAM_FP32_BYTES_PER_PARAM = 12  # fp32 master weights + exp_avg + exp_avg_sq
 
@@ -51,12 +51,33 @@ def stage_layer_counts(num_layers: int, pp: int) -> tuple[int, ...]:
     return (first, *([mid] * (pp - 2)), last)
 
 
+ROPE_SCALINGS = ("linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Scaled rotary frequencies, as Hugging Face's ``rope_scaling`` / ``rope_parameters``:
+    ``linear`` (every inverse frequency divided by ``factor``) or ``llama3`` (Llama 3.1's
+    wavelength-dependent scaling: long wavelengths divided by ``factor``, short ones kept, the
+    band between ``original_max_position_embeddings / low_freq_factor`` and ``… /
+    high_freq_factor`` interpolated)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One decoder-only transformer architecture.
 
-    The layout follows Megatron-core's GPTModel: fused QKV (``num_kv_heads`` groups), an optional
-    fused gate/up MLP (SwiGLU), RMSNorm or LayerNorm, untied or tied input/output embeddings.
+    The layout follows Megatron-core's GPTModel: fused QKV (``num_kv_heads`` groups, with a
+    bias where ``qkv_bias``: Qwen2), an optional fused gate/up MLP (SwiGLU), RMSNorm or
+    LayerNorm with epsilon ``norm_eps``, untied or tied input/output embeddings, learned
+    absolute positions or RoPE with base ``rope_theta`` (and ``rope_scaling``). A Hugging Face
+    checkpoint's ``config.json`` gives every field (:mod:`nereus.config.hf_config`).
     """
 
     name: str
@@ -73,6 +94,10 @@ class ModelSpec:
     norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
     learned_positions: bool = False
     max_seq_len: int = 131072
+    rope_theta: float = 10000.0  # Megatron's and Llama 2's default rotary base
+    rope_scaling: RopeScaling | None = None
+    norm_eps: float = 1e-5  # Megatron's default layernorm_epsilon
+    qkv_bias: bool = False
 
     @property
     def kv_channels(self) -> int:
@@ -90,7 +115,7 @@ class ModelSpec:
         return self.hidden_size * (1 if self.norm == "rmsnorm" else 2)
 
     def attention_params(self) -> int:
-        qkv = self.hidden_size * (self.q_size + 2 * self.kv_size)
+        qkv = (self.hidden_size + (1 if self.qkv_bias else 0)) * (self.q_size + 2 * self.kv_size)
         out = self.q_size * self.hidden_size
         qk = 2 * self.kv_channels if self.qk_norm else 0
         return qkv + out + qk + self._norm_params()
@@ -117,23 +142,9 @@ class ModelSpec:
         return self.embedding_params() + self.num_layers * self.layer_params() + self.head_params()
 
     def scalar_head(self) -> ModelSpec:
-        """The same trunk with a one-output value head (critic and reward models)."""
-        return ModelSpec(
-            name=f"{self.name}+value-head",
-            num_layers=self.num_layers,
-            hidden_size=self.hidden_size,
-            ffn_hidden_size=self.ffn_hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_kv_heads=self.num_kv_heads,
-            vocab_size=self.vocab_size,
-            head_dim=self.head_dim,
-            gated_mlp=self.gated_mlp,
-            tie_embeddings=self.tie_embeddings,
-            qk_norm=self.qk_norm,
-            norm=self.norm,
-            learned_positions=self.learned_positions,
-            max_seq_len=self.max_seq_len,
-        )
+        """The same trunk with its own (untied) output layer whose row 0 is read as a scalar
+        value head (critic and reward models: :mod:`nereus.engines.forward`)."""
+        return replace(self, name=f"{self.name}+value-head", tie_embeddings=False)
 
 
 # Exact public architectures (from each model's config.json).

@@ -107,13 +107,12 @@ def test_survivors_that_could_not_recover_are_relaunched_from_the_checkpoint(
 ) -> None:
     """ULFM could not shrink the survivors' communicator: they say so and end; as after a
     runtime death, only a relaunch from the checkpoint can go on."""
-    import numpy as np
-
-    from nereus.runtime.failures.checkpoint import save_global
+    from support.resume_files import write_checkpoint
 
     args = _args(tmp_path, "failures: {checkpoint_every: 1}")
-    save_global(str(tmp_path / "run.h5.ckpt"), 1,
-                {"actor-train": {"param": {"w": np.zeros(2, dtype=np.float32)}}}, {})
+    # the checkpoint of the boundary before step 0, as this job writes it (the relaunch checks
+    # it whole against the job before it starts the ranks)
+    write_checkpoint(tmp_path / "run.h5.ckpt", Path(args.config), tmp_path / "run.h5", 0)
     logs = _fake_launches(monkeypatch, [(4, "", True, SHRUNK), (0, "", True)])
     assert run_cmd.handler(args) == 0
     assert logs == [str(tmp_path / "run.h5"), str(tmp_path / "run.relaunch-1.h5")]

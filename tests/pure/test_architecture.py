@@ -17,11 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PURE = ("spec", "config", "cost", "plan", "emu", "transition", "control")
 # The stated exceptions: the config loader parses YAML (DESIGN.md §5: "YAML loading and
-# validation ... pure + file read"); the exact references (the ``solver`` extra) import their
+# validation ... pure + file read") and reads the headers of a checkpoint's safetensors files
+# (names, dtypes, shapes: never the weights) through the safetensors library; the exact references (the ``solver`` extra) import their
 # solver inside the function: an off-the-shelf MILP for plan search (SciPy's HiGHS) and
 # constraint programming for transition scheduling (OR-Tools CP-SAT).
 ALLOWED = {("nereus/config/load.py", "yaml"), ("nereus/plan/milp.py", "scipy"),
-           ("nereus/transition/exact.py", "ortools")}
+           ("nereus/transition/exact.py", "ortools"),
+           ("nereus/config/checkpoint_files.py", "safetensors")}
 
 
 def _modules(*parts: str) -> list[Path]:

@@ -18,8 +18,11 @@ from nereus.config.job import CONTROLLER_KEYS, JOB_KEYS
 from nereus.config.models import ARCH_KEYS
 from nereus.errors import ConfigError
 from nereus.spec.hardware import GPU_PRESETS, ClusterSpec, GpuSpec
-from nereus.spec.job import RUNTIME_PLAN_SPACE, ControllerSpec, JobSpec, PlanSpace
+from nereus.spec.job import ControllerSpec, JobSpec, PlanSpace
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
+
+# the space nereus run searched before issue 37: pp dividing the layers, dp the batch
+EVEN_SPACE = PlanSpace(pipeline="even", uneven_dp=False)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -294,7 +297,7 @@ def test_plan_space_and_memory_keys_reach_the_job() -> None:
     job = parse_config({**base, "job": {"pipeline_split": "even", "uneven_dp": False,
                                         "flash_attention": False,
                                         "distributed_optimizer": True}}).setup.job
-    assert job.space == RUNTIME_PLAN_SPACE and not job.flash_attention and job.distributed_optimizer
+    assert job.space == EVEN_SPACE and not job.flash_attention and job.distributed_optimizer
     with pytest.raises(ConfigError) as exc:
         parse_config({**base, "job": {"pipeline_split": "odd"}})
     assert exc.value.field == "job.pipeline_split"

@@ -220,3 +220,26 @@ def test_state_round_trips_and_is_deterministic() -> None:
     b, db = run()
     assert a == b and da == db
     assert ControllerState.from_dict(a.to_dict()) == a
+
+
+def test_urgent_prefers_a_target_with_a_dag_over_a_faster_one_without() -> None:
+    """A node loss where S* reshapes a model-stage that no DAG can reach (the port plans the
+    in-process gather and reload for it) and a slightly slower target keeps the units: the
+    urgent path takes the DAG, since urgent admission prices each target's time over the
+    horizon, step·H + L̂_tran (issue 37's DAG preference, kept under issue 32's rule); only a
+    horizon long enough for S*'s gain to pay its reload back takes S*; with no DAG anywhere,
+    the least time over the horizon."""
+    from nereus.control.admission import admit_urgent
+    from nereus.transition.dag import TransitionDag
+
+    dag = PlannedTransition(0.2, reference=TransitionDag((), (), (), (), ()))
+    adm = admit_urgent((PlanOption(B, 5.0, planned(60.0)), PlanOption(C, 5.1, dag)))
+    assert adm.admitted and adm.path == "urgent" and adm.target == C
+    assert adm.transition is not None and adm.transition.executor == "dag"
+    adm = admit_urgent((PlanOption(B, 5.0, planned(60.0)), PlanOption(C, 5.1, dag)), 100.0)
+    assert adm.target == C  # 5.1·100 + 0.2 < 5.0·100 + 60
+    adm = admit_urgent((PlanOption(B, 5.0, planned(60.0)), PlanOption(C, 5.1, dag)), 1000.0)
+    assert adm.target == B and adm.path == "urgent"  # 0.1 s × 1,000 steps pays the 60 s back
+    assert adm.transition is not None and adm.transition.executor == "gather-reload"
+    adm = admit_urgent((PlanOption(B, 5.0, planned(60.0)), PlanOption(C, 5.1, planned(50.0))))
+    assert adm.target == C  # no DAG anywhere: 5.1 + 50 < 5.0 + 60

@@ -137,6 +137,36 @@ def test_calibration_round_trips_with_fixed_costs(tmp_path: Path) -> None:
         Calibration.from_dict({"fixed_costs": {"cpu": {"update": -1}}})
 
 
+def test_calibration_files_are_written_as_version_2_and_versions_1_and_2_read(
+        tmp_path: Path) -> None:
+    """The versions the code writes are the versions it reads: 2 (written now: fixed costs
+    always present) and 1 (fixed costs only when any was learned); any other is refused."""
+    import json
+
+    from nereus.errors import ConfigError
+    from nereus.log.calibration_store import load_calibration, save_calibration
+
+    path = tmp_path / "c.json"
+    save_calibration(path, Calibration())
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2 and doc["fixed_costs"] == {}
+    assert load_calibration(path) == Calibration()
+    body = {k: v for k, v in TRUE.to_dict().items() if k != "fixed_costs"}
+    for version, extra in ((1, {}), (1, {"fixed_costs": TRUE.to_dict()["fixed_costs"]}),
+                           (2, {"fixed_costs": TRUE.to_dict()["fixed_costs"]})):
+        old = tmp_path / f"v{version}-{len(extra)}.json"
+        old.write_text(json.dumps({"format": "nereus-calibration", "version": version, **body,
+                                   **extra}))
+        got = load_calibration(old)
+        assert got.efficiencies == TRUE.efficiencies
+        assert bool(got.fixed_costs) == bool(extra)
+    for bad in (0, 3, "2", True, None):
+        other = tmp_path / "bad.json"
+        other.write_text(json.dumps({"format": "nereus-calibration", "version": bad, **body}))
+        with pytest.raises(ConfigError, match="this nereus reads versions 1 and 2"):
+            load_calibration(other)
+
+
 def test_calibrated_transition_rates_are_the_same_on_both_compilers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from support.transition_cases import case

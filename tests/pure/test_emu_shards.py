@@ -65,11 +65,10 @@ def test_gate_up_is_two_boxes_per_rank() -> None:
 def test_bad_layout_is_config_error() -> None:
     with pytest.raises(ConfigError):
         check_layout(TINY_GPT, Layout(4, 1))
-    with pytest.raises(ConfigError):
-        check_layout(TINY_GPT, Layout(1, 3))  # the runtime's rule: pp divides the layers
-    check_layout(TINY_GPT, Layout(1, 3), uneven_pipeline=True)  # the planner's uneven space
-    with pytest.raises(ConfigError):
-        check_layout(TINY_GPT, Layout(1, 5), uneven_pipeline=True)  # more stages than layers
+    check_layout(TINY_GPT, Layout(1, 3))  # Megatron's uneven split: 1, 2, 1 layers
+    with pytest.raises(ConfigError) as exc:
+        check_layout(TINY_GPT, Layout(1, 5))  # more stages than layers
+    assert exc.value.field == "layout.pp"
 
 
 @pytest.mark.parametrize("pp", [3])

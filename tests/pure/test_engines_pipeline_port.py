@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # as in the file it came from: -m 'not slow' sele
 
 PPO_8_RANKS = """
 job: {algorithm: ppo, mode: sync, global_batch: 16, minibatches: 2, prompt_len: 32, gen_len: 64,
-      reward_model: true}
+      reward_model: true, uneven_dp: false, pipeline_split: even}
 models:
   actor: tiny-gpt
   critic: tiny-gpt
@@ -35,9 +35,10 @@ TIED_REFERENCE = ("{name: tiny-tied, num_layers: 4, hidden_size: 64, ffn_hidden_
 
 def test_cpu_port_keeps_pipeline_plans_and_pins_tied_embeddings_to_one_stage(
         tmp_path: Path) -> None:
-    """The example's PPO job (tight virtual memory): the planner puts ref-inf on two pipeline
-    stages, and the CPU port now keeps that; with a tied-embedding reference model (pp=1 only
-    in the runtime) the port re-searches ref-inf at pp=1."""
+    """The example's PPO job (tight virtual memory) in the even space (uneven DP would take the
+    memory pressure instead): the planner puts ref-inf on two pipeline stages, and the CPU port
+    keeps that; with a tied-embedding reference model (pp=1 only in the runtime) the port
+    re-searches ref-inf at pp=1."""
     from nereus.config.load import load_config
     from nereus.config.run import parse_runtime
     from nereus.control.signals import Observation

@@ -35,17 +35,21 @@ def test_runtime_defaults_and_ranks_reshape_the_cluster() -> None:
     assert RunConfig.from_dict(rc.to_dict()) == rc
 
 
-def test_run_plans_in_the_runtime_space_and_rejects_the_distributed_optimizer() -> None:
-    """The runtime executes pipelines of equal stages and DP degrees that divide the batch; its
-    units keep whole optimizer states."""
+def test_run_plans_in_the_planners_space_and_rejects_the_distributed_optimizer() -> None:
+    """``nereus run`` searches what ``nereus plan`` searches (issue 37: the runtime runs uneven
+    DP and uneven pipelines), costed with static batches; a job that narrows the space keeps it
+    narrowed; its units keep whole optimizer states."""
     from dataclasses import replace
 
-    from nereus.spec.job import RUNTIME_PLAN_SPACE, PlanSpace
+    from nereus.spec.job import PlanSpace
 
     cfg = load_config(EXAMPLE)
     assert cfg.setup.job.space == PlanSpace()  # nereus plan / simulate: the whole space
     _, setup = parse_runtime({}, cfg.setup)
-    assert setup.job.space == RUNTIME_PLAN_SPACE  # type: ignore[attr-defined]
+    assert setup.job.space == PlanSpace() and setup.job.static_batches  # type: ignore[attr-defined]
+    narrow = PlanSpace(pipeline="even", uneven_dp=False)
+    _, setup = parse_runtime({}, replace(cfg.setup, job=replace(cfg.setup.job, space=narrow)))
+    assert setup.job.space == narrow  # type: ignore[attr-defined]
     sharded = replace(cfg.setup, job=replace(cfg.setup.job, distributed_optimizer=True))
     with pytest.raises(ConfigError) as exc:
         parse_runtime({}, sharded)
@@ -67,7 +71,7 @@ def test_example_events_parse_and_cli_overrides_drop_those_outside_the_run() -> 
     ({"events": [{"at_step": 1, "remove_node": 5}]}, {}, "runtime.events[0].remove_node"),
     ({"events": [{"at_step": 1}]}, {}, "runtime.events[0]"),
     ({"events": [{"at_step": 1, "drain_node": 0}]}, {}, "runtime.events"),  # the controller's
-    ({"force_transitions": [{"at_step": 0, "layouts": {"actor-train": [2, 3]}}]}, {},
+    ({"force_transitions": [{"at_step": 0, "layouts": {"actor-train": [2, 5]}}]}, {},
      "runtime.force_transitions[0].layouts.actor-train"),
     ({"max_new_tokens": 500}, {}, "runtime.max_new_tokens"),
     ({}, {"ranks": 6}, "--ranks"),

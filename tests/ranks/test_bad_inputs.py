@@ -26,6 +26,7 @@ import pytest
 import yaml
 from support.bad_inputs import CORPUS, SPOT, snapshot
 from support.paths import REPO as ROOT
+from support.resume_files import RESUME_SETUPS
 
 import nereus.commands.run as run_command
 from nereus.cli import main
@@ -104,11 +105,19 @@ def _device(d: Path, log: Path) -> None:
         pytest.skip(f"cannot make a device node here ({exc})")
 
 
+def _no_gpu(d: Path, log: Path) -> None:
+    from nereus.cluster.probe import visible_device_count
+
+    if visible_device_count() > 0:
+        pytest.skip("this machine has a GPU: runtime.device: cuda is not an error here")
+
+
 SETUPS: dict[str, Callable[[Path, Path], None]] = {
     "fifo": _fifo, "dangling": _dangling, "existing": _existing, "link": _link,
     "existing_dir": _existing_dir, "big_config": _big_config, "big_field_csv": _big_field_csv,
     "log": _log, "log_report": _log_report, "truncated_log": _truncated_log,
     "foreign_h5": _foreign_h5, "filtered_log": _filtered_log, "device": _device,
+    "no_gpu": _no_gpu, **RESUME_SETUPS,
 }
 
 

@@ -14,8 +14,11 @@ from nereus.emu.unit import Emu, Layout
 
 # ---- real Megatron metadata (4 gloo ranks, several layouts on one spawn) ----
 
+# (1, 3) over 4 layers: Megatron's uneven split (1, 2, 1 layers; issue 37), built by
+# build_gpt and read back through Megatron's own metadata
 LAYOUTS = [("tiny-gpt", Layout(1, 1)), ("tiny-gpt", Layout(2, 1)), ("tiny-gpt", Layout(1, 2)),
-           ("tiny-gpt", Layout(2, 2)), ("tiny-ln", Layout(4, 1)), ("tiny-ln", Layout(2, 2))]
+           ("tiny-gpt", Layout(2, 2)), ("tiny-ln", Layout(4, 1)), ("tiny-ln", Layout(2, 2)),
+           ("tiny-gpt", Layout(1, 3)), ("tiny-ln", Layout(1, 3))]
 
 
 def _units(layout: Layout, world: int) -> list[Emu]:
@@ -71,3 +74,9 @@ def test_rules_match_megatron_sharded_state_dict() -> None:
                     assert nlayers in (None, spec.num_layers)
                 seen += 1
     assert seen > 100
+    uneven = [(pp_rank, rows) for per_rank in results
+              for name, layout, pp_rank, _, rows in per_rank
+              if name == "tiny-gpt" and layout == Layout(1, 3)]
+    layers = {pp_rank: {g.split(".")[2] for g, *_ in rows if g.startswith("decoder.layers.")}
+              for pp_rank, rows in uneven}
+    assert layers == {0: {"0"}, 1: {"1", "2"}, 2: {"3"}}, layers  # Megatron built 1, 2, 1

@@ -32,12 +32,14 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTH
 def test_concurrent_reader_sees_rows_grow(tmp_path: Path) -> None:
     path = tmp_path / "live.h5"
     proc = subprocess.Popen(
-        [sys.executable, str(WRITER), str(path), "--steps", "24", "--sleep", "0.03"],
+        [sys.executable, str(WRITER), str(path), "--steps", "24", "--sleep", "0.03",
+         "--pause-every", "4"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=ENV,
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stdin is not None
     try:
         assert proc.stdout.readline().strip() == "ready"
         seen = []
@@ -51,6 +53,8 @@ def test_concurrent_reader_sees_rows_grow(tmp_path: Path) -> None:
                     expected_step_s(s) for s in range(step + 1)
                 ]
                 seen.append(log.rows("steps"))
+                proc.stdin.write("go\n")  # the writer waited, holding the file open
+                proc.stdin.flush()
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()

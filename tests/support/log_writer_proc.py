@@ -1,8 +1,10 @@
 """A real writer process for tests/ranks/test_log_writer_procs.py: logs every record type each step, flushes, reports.
 
-``python tests/log_writer_proc.py PATH [--steps N] [--sleep S] [--gpus G] [--wait-go]`` prints
-``ready`` once the file exists in SWMR mode (with --wait-go it then waits for a line on stdin),
-then the step number after each step's flush, so that a test that kills this process knows the
+``python tests/log_writer_proc.py PATH [--steps N] [--sleep S] [--gpus G] [--wait-go]
+[--pause-every K]`` prints ``ready`` once the file exists in SWMR mode (with --wait-go it then
+waits for a line on stdin), then the step number after each step's flush (with --pause-every K,
+after a step with ``step % K == 1`` it waits for a line on stdin, so that a reader reads while
+the writer holds the file open however slow the host), so that a test that kills this process knows the
 last step that must read back. Every value is a function of the step: see ``expected_step_s`` and
 ``expected_peak_bytes``."""
 
@@ -56,6 +58,8 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--wait-go", action="store_true", help="after ready, wait for a stdin line")
+    ap.add_argument("--pause-every", type=int, default=0,
+                    help="after a step with step %% K == 1, wait for a stdin line")
     args = ap.parse_args()
     meta = {"job": "kill-test", "algorithm": "ppo", "gpus": args.gpus}
     config = {"model": "tiny-gpt", "steps": args.steps, "gamma": 0.5}
@@ -84,6 +88,8 @@ def main() -> int:
                 tokens=1000 + step,
             )
             print(step, flush=True)
+            if args.pause_every and step % args.pause_every == 1:
+                sys.stdin.readline()
             if step % 5 == 4:
                 cands = [plan_for(version + 1, args.gpus), plan_for(version, args.gpus)]
                 log.log_replan(step, "drift-length", cands, [0.9, 1.0], [2e9, 1e9])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from nereus.runtime.worker.state import Counters
 
 CKPT_PREFIX = "step-"
+CKPT_NAME = re.compile(r"step-(\d{8})\.npz")  # save_global's names
+FIELDS = ("param", "exp_avg", "exp_avg_sq")  # the state of every tensor (worker.state.FIELDS)
 
 
 def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, Any]]],
@@ -27,7 +30,8 @@ def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, 
     counters) as ``step-<k>.npz``; atomic (written aside, then renamed). Returns the path.
     ``history``: the run's record so far (JSON-able: the summary rows of the steps before
     ``step``, the transitions), which a run resumed from here continues (:func:`read_history`).
-    ``extra``: more plain data for a resume (:func:`read_meta`): the plan the state was on, the
+    ``extra``: more plain data for a resume (the metadata :mod:`nereus.runtime.failures.
+    resume_check` reads): the job fingerprint, the run log, the plan the state was on, the
     controller with its calibration (see :mod:`nereus.runtime.failures.restart`)."""
     os.makedirs(directory, exist_ok=True)
     arrays = {f"{ms}/{f}/{t}": a for ms, g in globs.items() for f, d in g.items()
@@ -45,43 +49,50 @@ def save_global(directory: str, step: int, globs: dict[str, dict[str, dict[str, 
     return path
 
 
-def latest_global(directory: str) -> tuple[str, int, dict[str, Any], dict[str, tuple[Counters,
-                                                                                       float]]] | None:
-    """(path, step, globs, counters) of the newest checkpoint in ``directory``, or None."""
-    path = newest_path(directory)
-    if path is None:
-        return None
-    with np.load(path) as z:
-        meta = _meta(z)
-        globs: dict[str, Any] = {}
-        for key in z.files:
-            if key == "__meta__":
-                continue
-            ms, f, t = key.split("/", 2)
-            globs.setdefault(ms, {}).setdefault(f, {})[t] = z[key]
+def latest_global(directory: str, expect: Any = None
+                  ) -> tuple[str, int, dict[str, Any], dict[str, tuple[Counters, float]]] | None:
+    """(path, step, globs, counters) of the newest usable checkpoint in ``directory`` (checked
+    whole against ``expect``, a :class:`~nereus.runtime.failures.resume_check.Expected`; torn
+    or foreign files are passed over), or None."""
+    from nereus.runtime.failures.resume_check import (
+        Expected,
+        Unusable,
+        candidates,
+        check_checkpoint,
+    )
+
+    for step, path in candidates(directory):
+        try:
+            check_checkpoint(path, expect or Expected(), crc=False)
+            globs, counters = load_global(path)
+        except Unusable:
+            continue
+        return path, step, globs, counters
+    return None
+
+
+def load_global(path: str) -> tuple[dict[str, Any], dict[str, tuple[Counters, float]]]:
+    """(globs, counters) of the checkpoint file ``path``, already checked whole
+    (:func:`nereus.runtime.failures.resume_check.check_checkpoint`); a member that fails its
+    CRC check while it is read raises :class:`~nereus.runtime.failures.resume_check.Unusable`."""
+    from nereus.runtime.failures.resume_check import Unusable
+
+    globs: dict[str, Any] = {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = _meta(z)
+            for key in z.files:
+                if key == "__meta__":
+                    continue
+                ms, f, t = key.split("/", 2)
+                globs.setdefault(ms, {}).setdefault(f, {})[t] = z[key]
+    except Exception as exc:  # zipfile's Bad CRC-32, a file cut short since it was checked
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise Unusable(f"is damaged ({first})") from None
     from nereus.runtime.worker.state import Counters  # torch and Megatron: only when loading
 
     counters = {ms: (Counters(**c), float(adam)) for ms, (c, adam) in meta["counters"].items()}
-    return path, int(meta["step"]), globs, counters
-
-
-def newest_path(directory: str) -> str | None:
-    """The newest complete checkpoint file in ``directory`` (None if there is none)."""
-    if not directory or not os.path.isdir(directory):
-        return None
-    names = sorted(n for n in os.listdir(directory)
-                   if n.startswith(CKPT_PREFIX) and n.endswith(".npz") and ".part" not in n)
-    return os.path.join(directory, names[-1]) if names else None
-
-
-def newest_step(directory: str) -> int | None:
-    """The step of the newest complete checkpoint (None if there is none); reads its metadata
-    only."""
-    path = newest_path(directory)
-    if path is None:
-        return None
-    with np.load(path) as z:
-        return int(_meta(z)["step"])
+    return globs, counters
 
 
 def read_history(path: str) -> dict[str, Any] | None:
@@ -90,12 +101,6 @@ def read_history(path: str) -> dict[str, Any] | None:
     with np.load(path) as z:
         history = _meta(z).get("history")
     return dict(history) if isinstance(history, dict) else None
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    """The whole JSON metadata of a checkpoint file (step, counters, history, extra)."""
-    with np.load(path) as z:
-        return _meta(z)
 
 
 def _meta(z: Any) -> dict[str, Any]:

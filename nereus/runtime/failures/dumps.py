@@ -5,7 +5,8 @@ A rank that cannot reach the next step boundary before the scheduler's deadline
 the last two boundaries it kept (:class:`nereus.runtime.failures.boundary.BoundaryBook`) to
 ``<checkpoint dir>/dump-<segment>/rank-<r>.npz`` (atomic: written aside, then renamed). Rank 0
 adds the controller and the run's record. A boundary can be restored when every model-stage has
-one DP replica all of whose ranks wrote it (:func:`newest_dump`). numpy only at import, like
+one DP replica all of whose ranks wrote it (:func:`boundaries_of`; the files are checked whole
+first, :mod:`nereus.runtime.failures.resume_check`). numpy only at import, like
 :mod:`nereus.runtime.failures.checkpoint`: the launcher reads the dumps' steps without torch.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 DUMP_PREFIX = "dump-"
+RANK_NAME = re.compile(r"rank-(\d+)\.npz")  # a rank's file in a dump folder
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,15 @@ class DumpedBoundary:
     plan: dict[str, Any]
     files: tuple[str, ...]
     extra: dict[str, Any]
+    log: str = ""  # the run log the ranks wrote (a file written before logs were named: "")
 
 
 def write_rank_dump(directory: str, segment: str, rank: int, boundaries: Sequence[Any],
-                    extra: dict[str, Any] | None = None, reason: str = "") -> str:
+                    extra: dict[str, Any] | None = None, reason: str = "",
+                    job: dict[str, Any] | None = None) -> str:
     """This rank's shards of ``boundaries`` (:class:`~nereus.runtime.failures.boundary.Boundary`
-    records) as one file; ``extra``: plain data rank 0 adds (controller, record)."""
+    records) as one file; ``extra``: plain data rank 0 adds (controller, record); ``job``: what
+    every rank records of the job (its ``fingerprint`` and run ``log``)."""
     folder = os.path.join(directory, f"{DUMP_PREFIX}{segment}")
     os.makedirs(folder, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
@@ -60,7 +66,7 @@ def write_rank_dump(directory: str, segment: str, rank: int, boundaries: Sequenc
         metas.append({"step": int(b.step), "version": int(b.version),
                       "plan": b.plan.to_dict(), "held": held})
     meta = {"rank": rank, "segment": segment, "boundaries": metas, "reason": reason,
-            "extra": extra or {}}
+            "extra": extra or {}, **(job or {})}
     arrays["__meta__"] = np.frombuffer(json.dumps(meta, default=float).encode(), dtype=np.uint8)
     path = os.path.join(folder, f"rank-{rank}.npz")
     tmp = path + ".part.npz"
@@ -69,57 +75,33 @@ def write_rank_dump(directory: str, segment: str, rank: int, boundaries: Sequenc
     return path
 
 
-def _meta(path: str) -> dict[str, Any] | None:
-    try:
-        with np.load(path) as z:
-            out: dict[str, Any] = json.loads(bytes(z["__meta__"]).decode())
-            return out
-    except (OSError, ValueError, KeyError):
-        return None  # a torn or foreign file: not part of any dump
-
-
 def _complete(plan: dict[str, Any], ranks: set[int]) -> bool:
     """Whether every model-stage of ``plan`` has a replica all of whose ranks are ``ranks``."""
     return all(any(set(int(g) for g in rep) <= ranks for rep in sp["replicas"])
                for sp in plan["stages"])
 
 
-def restorable(directory: str) -> list[DumpedBoundary]:
-    """Every boundary the dumps in ``directory`` can restore, oldest first."""
-    if not directory or not os.path.isdir(directory):
-        return []
-    found: list[DumpedBoundary] = []
-    for sub in sorted(os.listdir(directory)):
-        folder = os.path.join(directory, sub)
-        if not sub.startswith(DUMP_PREFIX) or not os.path.isdir(folder):
-            continue
-        by_key: dict[tuple[int, int], dict[str, Any]] = {}
-        for name in sorted(os.listdir(folder)):
-            if not (name.startswith("rank-") and name.endswith(".npz")) or ".part" in name:
-                continue
-            path = os.path.join(folder, name)
-            meta = _meta(path)
-            if meta is None:
-                continue
-            for b in meta["boundaries"]:
-                entry = by_key.setdefault((int(b["step"]), int(b["version"])),
-                                          {"plan": b["plan"], "ranks": {}, "extra": {}})
-                entry["ranks"][int(meta["rank"])] = path
-                if meta.get("extra"):
-                    entry["extra"] = meta["extra"]
-        for (step, version), e in sorted(by_key.items()):
-            if _complete(e["plan"], set(e["ranks"])):
-                found.append(DumpedBoundary(step, version, sub[len(DUMP_PREFIX):], e["plan"],
-                                            tuple(e["ranks"][r] for r in sorted(e["ranks"])),
-                                            e["extra"]))
+def boundaries_of(segment: str, metas: dict[str, dict[str, Any]]) -> list[DumpedBoundary]:
+    """Every boundary the rank files of one dump folder can restore, oldest first (``metas``:
+    path → metadata of the files already checked whole, :func:`nereus.runtime.failures.
+    resume_check.check_dump_file`)."""
+    by_key: dict[tuple[int, int], dict[str, Any]] = {}
+    for path, meta in metas.items():
+        for b in meta["boundaries"]:
+            entry = by_key.setdefault((int(b["step"]), int(b["version"])),
+                                      {"plan": b["plan"], "ranks": {}, "extra": {}, "log": ""})
+            entry["ranks"][int(meta["rank"])] = path
+            if meta.get("extra"):
+                entry["extra"] = meta["extra"]
+            if isinstance(meta.get("log"), str):
+                entry["log"] = meta["log"]
+    found = [DumpedBoundary(step, version, segment, e["plan"],
+                            tuple(e["ranks"][r] for r in sorted(e["ranks"])), e["extra"],
+                            e["log"])
+             for (step, version), e in sorted(by_key.items())
+             if _complete(e["plan"], set(e["ranks"]))]
     found.sort(key=lambda d: (d.step, d.version))
     return found
-
-
-def newest_dump(directory: str) -> DumpedBoundary | None:
-    """The newest restorable boundary of the dumps in ``directory`` (None: none)."""
-    found = restorable(directory)
-    return found[-1] if found else None
 
 
 def load_dump(d: DumpedBoundary) -> tuple[dict[str, list[Any]], dict[str, tuple[dict[str, Any],
@@ -128,10 +110,10 @@ def load_dump(d: DumpedBoundary) -> tuple[dict[str, list[Any]], dict[str, tuple[
     ``(fields, adam step)``) of boundary ``d``; assemble with
     :func:`nereus.runtime.worker.units.assemble_global`."""
     ranks: dict[int, str] = {}
-    for path in d.files:
-        meta = _meta(path)
-        if meta is not None:
-            ranks[int(meta["rank"])] = path
+    for path in d.files:  # checked whole: named for the rank it holds
+        m = RANK_NAME.fullmatch(os.path.basename(path))
+        if m is not None:
+            ranks[int(m.group(1))] = path
     pieces: dict[str, list[Any]] = {}
     counters: dict[str, tuple[dict[str, Any], float]] = {}
     for sp in d.plan["stages"]:

@@ -24,8 +24,9 @@ step (the last step's time on this rank less what already ran) and of the checkp
 ``<checkpoint dir>/dump-<segment>/`` and the process exits with :data:`EXIT_PREEMPTED`. Ranks
 stuck in a collective with an abandoning peer reach the same point at their own deadline. The
 resume takes the newest boundary whose every model-stage has one replica all of whose ranks wrote
-their shards (:func:`nereus.runtime.failures.dumps.newest_dump`), or the newest global
-checkpoint, whichever is newer.
+their shards (:func:`nereus.runtime.failures.dumps.boundaries_of`), or the newest global
+checkpoint, whichever is newer — of the files usable for this job
+(:mod:`nereus.runtime.failures.resume_check`).
 
 Exit status :data:`EXIT_PREEMPTED` = 75 (``EX_TEMPFAIL``, "try again later"): ``nereus run``
 exits with it after a preemption; the sbatch templates run ``scontrol requeue`` on it (a site may

@@ -103,6 +103,7 @@ class FailureHandler:
         self.drained: list[int] = []  # ranks of drained nodes that left (nereus...failures.drain)
         self.restart: RestartPoint | None = None  # a resumed run's starting state
         self.segment = ""  # this run segment's name (rank 0's, told with the first plan)
+        self.fingerprint: Any = None  # the job's (nereus.config.fingerprint), set at start
         self.log_path = log_path
         self.original = tuple(range(comm.Get_size()))  # current rank → original global rank
         self.generation = 0
@@ -199,7 +200,8 @@ class FailureHandler:
                 "rows": [row for row in r.rows if row["step"] < step],
                 "transitions": r.transitions, "transition_s": r.transition_s}
             extra = {"plan": b.plan.to_dict(), "log": self.log_path, "segment": self.segment,
-                     "controller": None if self.ctl is None else self.ctl.to_dict()}
+                     "controller": None if self.ctl is None else self.ctl.to_dict(),
+                     **self._job()}
             path = save_global(self.checkpoint_dir(), step, globs, counters, history, extra)
             if r is not None:
                 r.log.log_event(max(step - 1, 0), "checkpoint", {"path": path, "step": step})
@@ -220,7 +222,7 @@ class FailureHandler:
                                  "transition_s": r.transition_s}}
         kept = list(self.book.kept)
         path = write_rank_dump(self.checkpoint_dir(), self.segment or "0", rank, kept, extra,
-                               reason)
+                               reason, job={"log": self.log_path, **self._job()})
         if r is not None:
             notice = self.preempt.notice
             with contextlib.suppress(Exception):
@@ -229,6 +231,10 @@ class FailureHandler:
                     "boundaries": [b.step for b in kept],
                     **({} if notice is None else notice.to_dict())})
                 r.log.close()
+
+    def _job(self) -> dict[str, Any]:
+        """What every checkpoint and dump records of the job: its fingerprint."""
+        return {} if self.fingerprint is None else {"fingerprint": self.fingerprint.to_dict()}
 
     def checkpoint_dir(self) -> str:
         return self.rc.failures.checkpoint_dir or f"{self.log_path}.ckpt"
@@ -332,7 +338,10 @@ class FailureHandler:
                                for f in FIELDS}
         step, restored, lost_stages = b.step, "replicas", list(lost)
         if lost:
-            ck = latest_global(self.checkpoint_dir())
+            from nereus.runtime.failures.resume_check import expected_for
+
+            ck = latest_global(self.checkpoint_dir(),
+                               expected_for(self.setup, self.fingerprint))
             if ck is None:
                 raise RankFailure(
                     f"ranks {lost_original} died with every replica of {', '.join(lost)} and "

@@ -4,7 +4,8 @@ Rank 0 also works as a rank (it holds units like any other rank): on CPU every r
 GPU and the controller's work (a plan search over a few hundred candidates) takes milliseconds at
 a step boundary, so reserving a rank for it would waste 1/N of the machine. The port is the
 simulator's :class:`SearchPort` with two CPU-runtime rules on top: a model-stage runs pp > 1 only
-where the runtime's layout rules allow it (:func:`nereus.emu.shards.check_layout`; e.g. tied
+where the runtime's layout rules allow it (:func:`nereus.emu.shards.check_layout`: Megatron's uneven
+split included since issue 37; tied
 embeddings run pp=1 only: plans breaking a rule are re-searched with that stage pinned to
 (tp, 1)); pipeline stages run on the CPU 1F1B schedule of :mod:`nereus.engines.pipeline`), and
 a transition with no executable DAG (not even one staged through host memory) is costed as the
@@ -91,7 +92,10 @@ class CpuPort:
     def options(self, obs: Observation, current: ExecutionPlan | None
                 ) -> Sequence[tuple[ExecutionPlan, float]]:
         """S* and a few slower plans with cheaper transitions from ``current``, each one the
-        runtime can build (:func:`nereus.control.options.candidate_targets`)."""
+        runtime can build (:func:`nereus.control.options.candidate_targets`), placed around
+        what runs (sticky placement: the base port's ``keep``)."""
+        if current is not None and self.base.keep is None:  # targets placed around what runs
+            return replace(self, base=replace(self.base, keep=current)).options(obs, current)
         return candidate_targets(lambda lay: self.search(obs, lay), self.base.setup, current,
                                  self.base.setup.job.controller.targets)
 

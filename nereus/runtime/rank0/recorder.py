@@ -32,8 +32,10 @@ def _raw_config(cfg: Config, rc: RunConfig) -> dict[str, Any]:
 
 class RunRecorder:
     def __init__(self, path: str, setup: Setup, rc: RunConfig, cfg: Config,
-                 plan: ExecutionPlan, append: bool = False) -> None:
-        """``append``: continue the existing log at ``path`` (a resumed run)."""
+                 plan: ExecutionPlan, append: bool = False, fingerprint: Any = None) -> None:
+        """``append``: continue the existing log at ``path`` (a resumed run); ``fingerprint``:
+        the job's (:mod:`nereus.config.fingerprint`), in the run's meta and in the
+        ``run-start`` event of this segment."""
         from rich.console import Console
 
         self.setup = setup
@@ -42,10 +44,13 @@ class RunRecorder:
         meta = {"command": "nereus run", "ranks": rc.ranks, "steps": rc.steps,
                 "hardware": "+".join(t.name for t in setup.cluster.types), "nodes": setup.cluster.nodes,
                 "gpus_per_node": setup.cluster.gpus_per_node, "algorithm": setup.job.algorithm}
+        job = {} if fingerprint is None else {"fingerprint": fingerprint.to_dict()}
         self.log = (RunLogWriter.append_to(path, {"resumed": True, "plan": plan.to_dict(),
-                                                  "ranks": rc.ranks, "nodes": setup.cluster.nodes})
+                                                  "ranks": rc.ranks, "nodes": setup.cluster.nodes,
+                                                  **job})
                     if append else
-                    RunLogWriter(path, meta, _raw_config(cfg, rc), initial_plan=plan.to_dict()))
+                    RunLogWriter(path, {**meta, **job}, _raw_config(cfg, rc),
+                                 initial_plan=plan.to_dict(), start=job))
         self.rows: list[dict[str, Any]] = []
         self.transitions = 0
         self.transition_s = 0.0

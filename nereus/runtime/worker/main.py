@@ -186,6 +186,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     from nereus.rl.task import PatternTask
     from nereus.runtime.execution.gather_reload import gather_state
     from nereus.runtime.execution.plan_change import change_plan
+    from nereus.runtime.failures.restart import load_restart, restored_controller
+    from nereus.runtime.failures.resume_check import expected_for, run_fingerprint
     from nereus.runtime.mpi import frames
     from nereus.runtime.mpi.plane import Message
     from nereus.runtime.mpi.rendezvous import rendezvous
@@ -193,10 +195,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     from nereus.runtime.rank0.loop import RankZero
     from nereus.runtime.rank0.recorder import RunRecorder
     from nereus.runtime.worker.heap import settle
+    from nereus.runtime.worker.hf_run import HfRun
     from nereus.runtime.worker.host_memory import reserve, retain_freed_memory
     from nereus.runtime.worker.memory import account_for_run
     from nereus.runtime.worker.step import Rollout, StepInputs, run_async_step, run_step
-    from nereus.runtime.worker.units import PlanUnits, initial_global
+    from nereus.runtime.worker.units import PlanUnits
     from nereus.spec.hardware import GpuSpec
     from nereus.spec.plan import ExecutionPlan
     from nereus.transition.order import PlanChangeOrder
@@ -231,12 +234,16 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         return cfg, rc, setup
 
     cfg, rc, setup = agreed(plane, setup_all)
+    hf = agreed(plane, lambda: HfRun(cfg, rc, setup))  # checkpoints, tokenizer, exports
     ft.preempt.configure(rc.failures.warning_s, rc.failures.kill_wait_s)
+    ft.fingerprint = run_fingerprint(cfg, rc)  # in every checkpoint, dump and log segment
     if ft.resume is not None:  # survivors of dead ranks: a smaller cluster, renumbered
         setup, rc = ft.resume.setup, ft.resume.rc
     elif ft.restart is None and (args.resume or rc.failures.resume):
-        ft.restart = agreed(plane, lambda: _restart_point(args.resume or rc.failures.resume,
-                                                          setup))
+        expect = expected_for(setup, ft.fingerprint, args.log if args.resume else "")
+        ft.restart = agreed(plane, lambda: load_restart(
+            args.resume or rc.failures.resume, setup, expect,
+            "--resume" if args.resume else "runtime.failures.resume"))
     dev, rc = bind_device(plane, comm, rc, setup)
     if devices is not None:
         devices.append(dev)
@@ -252,7 +259,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         ctl.set_pool(range(plane.world_size))  # late nodes (runtime.late_nodes) join later
     kept_plan = None  # a resumed run's plan, when it still fits this allocation
     if ctl is not None and ft.resume is None and ft.restart is not None:
-        ctl, kept_plan = _restored_controller(ctl, ft.restart, setup)
+        ctl, kept_plan = restored_controller(ctl, ft.restart, setup)
     if ft.resume is not None:
         ctl = ft.resume.ctl
     recorder: RunRecorder | None = None
@@ -275,7 +282,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
     if plane.is_root:
         recorder = agreed(plane, lambda: ft.resume.recorder if ft.resume else
                           RunRecorder(args.log, setup, rc, cfg, plan,
-                                      append=_continues(args, ft)))
+                                      append=_continues(args, ft), fingerprint=ft.fingerprint))
     else:
         agreed(plane, lambda: None)
 
@@ -298,13 +305,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
             solo = g
     assert solo is not None
     solo_groups = StageGroups(solo, solo, solo, solo, solo)
-    seeds = {"actor": rc.seed, "reference": rc.seed, "critic": rc.seed + 1, "reward": rc.seed + 2}
-    globs = {}
-    for ms in setup.job.workflow.model_stages:
-        spec = setup.job.model(ms.role)
-        same_as_actor = ms.role == "reference" and spec == setup.job.model("actor")
-        globs[ms.name] = initial_global(spec, seeds["actor" if same_as_actor else ms.role],
-                                        solo_groups)
+    globs = hf.initial_states(solo_groups)  # drawn, or each rank's shard of a checkpoint
     ft.watch(setup, rc, cfg, ctl, recorder)
     settle()  # the imported modules out of the collector's reach, before any unit is built
     ft.preempt.on_abandon(lambda reason: ft.dump(rank, reason))
@@ -324,8 +325,9 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                           device=dev, zero=_zero_options(rc) if rc.zero_stages else None,
                           zero_names=rc.zero_stages)
         ft.resumed(plan, globs)
+    hf.report_load(comm, rank, recorder)
     account = account_for_run(rank, setup, rc.capacity_drop, dev.device, rc.inject_oom)
-    inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed))
+    inp = StepInputs(setup, rc, PatternTask(seed=rc.seed), SampleOrder(4096, rc.seed), hf.codec)
     version = 0
     pending: Rollout | None = None  # async: the next step's batch, generated ahead
     if start == 0 and ft.resume is None:  # the initial state too: a death in step 0 that takes
@@ -343,6 +345,7 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
 
             leave_or_raise(rank, go.payload["leave"], ft, units, dev)
         if go.payload.get("stop"):  # preempted: every rank stops at this boundary
+            hf.export(units, comm, plane.is_root, step, recorder, ft.segment)
             code = _preempted(plane, ft, recorder, step)
             ft.disarm()
             units.destroy()
@@ -385,6 +388,8 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         ft.boundary(units, next_step, version)
         if not redo:
             ft.checkpoint(plane, step + 1)
+            if rc.save_hf.due(step + 1, rc.steps):
+                hf.export(units, comm, plane.is_root, step + 1, recorder, ft.segment)
         ft.arm(rank, step, "transition")
         if msg.payload["order"] is None or (step == rc.steps - 1 and not redo):
             step = next_step
@@ -413,12 +418,19 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         step = next_step
     if rc.save_state:
         final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
-        if plane.is_root:
+        if plane.is_root:  # the file named (no ".npz" added), new, whole or not at all
+            import io
+
             import numpy as np
+
+            from nereus.log.outputs import NewFile
 
             flat = {f"{ms}/{f}/{t}": a for ms, g in final.items() for f, d in g.items()
                     for t, a in d.items() if f == "param"}
-            np.savez(rc.save_state, **flat)  # type: ignore[arg-type]
+            buf, out = io.BytesIO(), NewFile(rc.save_state, "runtime.save_state")
+            np.savez(buf, **flat)  # type: ignore[arg-type]
+            out.write(buf.getvalue())
+            out.publish()
     ft.disarm()
     ft.preempt.done()  # the run ended: a signal from now on changes nothing
     plane.agree(True)  # a rank lost up to here is a failure like any other (log still open)
@@ -432,35 +444,6 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                 json.dump(summary, fh)
     dist.destroy_process_group()
     return 0
-
-
-def _restart_point(directory: str, setup: Any) -> Any:
-    """The state a resumed run starts from (every rank reads it; agreed by the caller)."""
-    from nereus.errors import ConfigError
-    from nereus.runtime.failures.restart import load_restart
-
-    point = load_restart(directory, setup)
-    if point is None:
-        raise ConfigError("--resume", directory, "holds no checkpoint to resume from")
-    return point
-
-
-def _restored_controller(ctl: Any, point: Any, setup: Any) -> tuple[Any, dict[str, Any] | None]:
-    """Rank 0 of a resumed run: the controller as it was saved (calibration, controller state,
-    pinned layouts) and its plan when the allocation is the one it ran on; on another
-    allocation the calibration only, and no plan (a replan on the ranks there are now)."""
-    from nereus.runtime.rank0.controller import RankZeroController
-
-    if point.controller is None:
-        return ctl, None
-    saved = RankZeroController.from_dict(setup, point.controller)
-    same = point.plan is not None and saved.pool == ctl.pool and all(
-        g < setup.cluster.num_gpus for sp in point.plan["stages"] for r in sp["replicas"]
-        for g in r)
-    if same:
-        return saved, point.plan
-    ctl.calib = saved.calib
-    return ctl, None
 
 
 def _continues(args: argparse.Namespace, ft: Any) -> bool:

@@ -17,11 +17,11 @@ import torch
 from nereus.emu.shards import LocalShard, shards_at
 from nereus.emu.unit import Emu
 from nereus.engines.megatron_model import StageGroups, build_gpt
+from nereus.rl.sample_order import replica_slice
 from nereus.runtime.execution.device import RankDevice
+from nereus.runtime.failures.checkpoint import FIELDS
 from nereus.runtime.worker.precision import MixedPrecisionAdam
 from nereus.spec.model import ModelSpec
-
-FIELDS = ("param", "exp_avg", "exp_avg_sq")
 
 
 @dataclass
@@ -170,20 +170,18 @@ def minibatch_samples(seed: int, num_samples: int, global_batch: int, position: 
     """Sample indices of replica ``dp_rank`` (of ``dp``) for minibatch ``position``.
 
     The global order is a fixed permutation per epoch; minibatch p is its slice
-    [p·G, (p+1)·G) (wrapping into later epochs), cut into dp equal parts, so any dp sees each
+    [p·G, (p+1)·G) (wrapping into later epochs), cut into dp contiguous parts
+    (:func:`nereus.rl.sample_order.replica_slice`: ⌈G/dp⌉ or ⌊G/dp⌋ each), so any dp sees each
     sample of a minibatch exactly once.
     """
-    if global_batch % dp:
-        raise ValueError(f"global batch {global_batch} not divisible by dp={dp}")
+    lo, hi = replica_slice(global_batch, dp, dp_rank)
     start = position * global_batch
     epoch, offset = divmod(start, num_samples)
     order = np.concatenate([
         np.random.default_rng(_seed_of(seed, e)).permutation(num_samples)
         for e in range(epoch, epoch + 2 + global_batch // num_samples)
     ])
-    batch = order[offset:offset + global_batch]
-    per = global_batch // dp
-    return batch[dp_rank * per:(dp_rank + 1) * per]
+    return order[offset:offset + global_batch][lo:hi]
 
 
 def replica_rng(seed: int, dp_rank: int, position: int) -> torch.Generator:

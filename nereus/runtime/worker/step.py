@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,10 +24,12 @@ import torch
 from nereus.config.run import RunConfig
 from nereus.engines.backend import GenRequest
 from nereus.engines.forward import response_logp, response_values, sequence_scores
+from nereus.engines.masks import full_valid
 from nereus.rl.grpo import kl_loss_sum, sequence_advantages
 from nereus.rl.ppo import PpoBatch, policy_loss_sum, ppo_batch, value_loss_sum
 from nereus.rl.sample_order import SampleOrder, replica_slice
-from nereus.rl.task import PAD, PatternTask, encode
+from nereus.rl.task import PatternTask
+from nereus.rl.tokens import TaskCodec, TextCodec, response_ids
 from nereus.runtime.mpi.frames import allgather
 from nereus.runtime.worker.gen_engines import actor_gen_engine
 from nereus.runtime.worker.memory import MemoryAccount, resident_bytes
@@ -42,18 +44,32 @@ class StepInputs:
     rc: RunConfig
     task: PatternTask
     order: SampleOrder
+    # prompts → ids, EOS and PAD (the task's own, or a checkpoint's tokenizer: rl/tokens.py)
+    codec: TextCodec = field(default_factory=TaskCodec)
 
 
-def prompt_batch(inp: StepInputs, step: int) -> tuple[list[str], torch.Tensor]:
-    """The step's prompts (global order) left-padded to ``job.prompt_len`` tokens."""
+def prompt_batch(inp: StepInputs, step: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """The step's prompts (global order) left-padded to ``job.prompt_len`` tokens with the
+    codec's PAD, and [b, P] True on their real tokens (the padding is masked out of attention)."""
     job = inp.setup.job
     ids = inp.order.indices(step * job.global_batch, job.global_batch)
     texts = [inp.task.prompt(int(i)) for i in ids]
-    rows = []
+    pad = inp.codec.special.pad_id
+    rows, valid = [], []
     for t in texts:
-        toks = encode(t)
-        rows.append([PAD] * (job.prompt_len - len(toks)) + toks[-job.prompt_len:])
-    return texts, torch.tensor(rows, dtype=torch.long)
+        toks = inp.codec.encode(t)[-job.prompt_len:]
+        rows.append([pad] * (job.prompt_len - len(toks)) + toks)
+        valid.append([False] * (job.prompt_len - len(toks)) + [True] * len(toks))
+    return texts, torch.tensor(rows, dtype=torch.long), torch.tensor(valid, dtype=torch.bool)
+
+
+def reward_of(inp: StepInputs, prompt: str, response: list[int]) -> float:
+    """The task's reward of one response: on token ids with the task's own vocabulary, else on
+    the text the codec decodes up to the first EOS."""
+    if inp.codec.ids_reward:
+        return inp.task.reward(prompt, response)
+    return inp.task.reward_text(prompt, inp.codec.decode(response_ids(response,
+                                                                      inp.codec.special)))
 
 
 def _exchange(comm: Any, contribution: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,6 +108,7 @@ class Rollout:
     logp: torch.Tensor
     mask: torch.Tensor
     halted: bool = False  # a rank ran out of device memory generating it: incomplete
+    prompt_valid: torch.Tensor | None = None  # [n, P] True on real prompt tokens
 
 
 def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -100,8 +117,10 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     job, rc = inp.setup.job, inp.rc
     n_seq = job.global_batch * job.samples_per_prompt
     p_len, t_new = job.prompt_len, rc.max_new_tokens
-    texts, prompts = prompt_batch(inp, step)
+    texts, prompts, valid = prompt_batch(inp, step)
     prompts = prompts.repeat_interleave(job.samples_per_prompt, dim=0)
+    valid = valid.repeat_interleave(job.samples_per_prompt, dim=0)
+    special = inp.codec.special
     seq_ids = np.arange(n_seq)
     contrib: dict[str, Any] = {}
     su = units.stages["actor-gen"]
@@ -114,13 +133,15 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
             t0 = time.perf_counter()
             engine.refresh_weights()  # the weights the last sync wrote (in place for megatron)
             req = GenRequest(prompts[lo:hi], seq_ids[lo:hi], rc.seed, step, t_new,
-                             rc.temperature)
+                             rc.temperature, prompt_valid=valid[lo:hi],
+                             eos_ids=special.eos_ids, pad_id=special.pad_id)
             g = engine.generate(req)
             kv_bytes = g.kv_cache_bytes
             greedy = None
             if job.algorithm == "remax":  # the greedy baseline response of every prompt
                 gg = engine.generate(replace(req, greedy=True))
-                greedy, kv_bytes = gg.tokens.numpy(), max(kv_bytes, gg.kv_cache_bytes)
+                greedy = (gg.tokens.numpy(), gg.mask.numpy())
+                kv_bytes = max(kv_bytes, gg.kv_cache_bytes)
             stage_s["actor-gen"] = stage_s.get("actor-gen", 0.0) + time.perf_counter() - t0
             account.observe("actor-gen", _resident(units), kv_bytes)
             if _reports(st):
@@ -132,20 +153,22 @@ def generate_rollout(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
     parts = [c["gen"] for c in exchanged if "gen" in c]
     tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
     greedy_tokens = torch.zeros(n_seq, p_len + t_new, dtype=torch.long)
+    greedy_mask = torch.zeros(n_seq, t_new, dtype=torch.float64)
     logp = torch.zeros(n_seq, t_new, dtype=torch.float64)
     mask = torch.zeros(n_seq, t_new, dtype=torch.float64)
     for lo, tk, lp, mk, gr in parts:
         hi = lo + tk.shape[0]
         tokens[lo:hi], logp[lo:hi], mask[lo:hi] = (torch.from_numpy(a) for a in (tk, lp, mk))
         if gr is not None:
-            greedy_tokens[lo:hi] = torch.from_numpy(gr)
+            greedy_tokens[lo:hi], greedy_mask[lo:hi] = (torch.from_numpy(a) for a in gr)
     # The batch ends where its longest response ends (sampled or greedy): inference and training
     # run on that many tokens, not on max_new_tokens of padding (PAD and zero masks beyond).
-    used = (mask.sum(dim=0) > 0) | (greedy_tokens[:, p_len:] != PAD).any(dim=0)
+    used = (mask.sum(dim=0) > 0) | (greedy_mask.sum(dim=0) > 0)
     width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
     return Rollout(step, texts, tokens[:, :p_len + width].contiguous(),
                    greedy_tokens[:, :p_len + width].contiguous(),
-                   logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted)
+                   logp[:, :width].contiguous(), mask[:, :width].contiguous(), halted,
+                   valid.contiguous())
 
 
 def run_step(inp: StepInputs, units: PlanUnits, step: int, comm: Any,
@@ -193,6 +216,10 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     p_len, t_new = job.prompt_len, rollout.mask.shape[1]  # the batch's longest response
     texts, tokens, greedy_tokens = rollout.texts, rollout.tokens, rollout.greedy_tokens
     logp, mask = rollout.logp, rollout.mask
+    valid = full_valid(rollout.prompt_valid, t_new)  # [n, P+T]: the prompts' padding masked
+
+    def rows(a: int, b: int) -> torch.Tensor | None:
+        return None if valid is None else valid[a:b]
 
     # -- inference ---------------------------------------------------------------------------
     if rollout.halted:  # a rank ran out of memory generating the batch: redo the step
@@ -204,7 +231,7 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
         with account.guard(name):
             lo, hi = replica_slice(n_seq, su.plan.dp, dp_rank)
             t0 = time.perf_counter()
-            lg = unit_logits(st, tokens[lo:hi])  # on the last pp stage only
+            lg = unit_logits(st, tokens[lo:hi], rows(lo, hi))  # on the last pp stage only
             out: torch.Tensor | None
             if lg is None:
                 out = None
@@ -239,7 +266,7 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
     rm_scores = full("reward-inf", (n_seq,))
     prompt_of = [texts[i // job.samples_per_prompt] for i in range(n_seq)]
     resp = tokens[:, p_len:]
-    scores = torch.tensor([inp.task.reward(prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
+    scores = torch.tensor([reward_of(inp, prompt_of[i], resp[i].tolist()) for i in range(n_seq)],
                           dtype=torch.float64)
     if rc.reward == "model":
         scores = rm_scores
@@ -248,10 +275,11 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
         greedy_scores = None
         if job.algorithm == "remax":
             g_resp = greedy_tokens[:, p_len:]
-            greedy_scores = torch.tensor([inp.task.reward(prompt_of[i], g_resp[i].tolist())
+            greedy_scores = torch.tensor([reward_of(inp, prompt_of[i], g_resp[i].tolist())
                                           for i in range(n_seq)], dtype=torch.float64)
             if rc.reward == "model":
-                greedy_scores = _greedy_model_scores(units, comm, greedy_tokens, mask, p_len)
+                greedy_scores = _greedy_model_scores(inp, units, comm, greedy_tokens, mask,
+                                                     p_len, valid)
         adv = sequence_advantages(job.algorithm, scores, job.samples_per_prompt, greedy_scores)
         n_all = float(mask.sum().clamp_min(1.0))
         batch = PpoBatch(adv.unsqueeze(1) * mask, torch.zeros_like(mask),
@@ -299,8 +327,9 @@ def learn_step(inp: StepInputs, units: PlanUnits, rollout: Rollout, comm: Any,
             # out of memory here ends the job (DeviceOutOfMemory): updates may have run
             with account.guard(name, redo=False):
                 mbs = [tokens[a:b] for a, b in spans]
-                loss_total += (st.forward_backward(mbs, loss_of) if zero
-                               else unit_forward_backward(st, mbs, loss_of))
+                vs = [rows(a, b) for a, b in spans]
+                loss_total += (st.forward_backward(mbs, loss_of, vs) if zero
+                               else unit_forward_backward(st, mbs, loss_of, vs))
             account.observe(name, _resident(units))
             if zero:
                 st.step()  # DeepSpeed reduces the gradients over the unit's DP group, steps
@@ -348,15 +377,15 @@ def _halted(account: MemoryAccount, stage_s: dict[str, float]) -> dict[str, Any]
             "kl": nan, "losses": {}, "sync_bytes": 0, "redo": True}
 
 
-def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tensor,
-                         mask: torch.Tensor, p_len: int) -> torch.Tensor:
+def _greedy_model_scores(inp: StepInputs, units: PlanUnits, comm: Any,
+                         greedy_tokens: torch.Tensor, mask: torch.Tensor, p_len: int,
+                         valid: torch.Tensor | None) -> torch.Tensor:
     """Reward-model scores of the greedy responses (ReMax with ``runtime.reward: model``)."""
-    from nereus.rl.task import EOS
-
     resp = greedy_tokens[:, p_len:]
     g_mask = torch.ones_like(mask)
+    stops = torch.tensor(inp.codec.special.eos_ids, dtype=torch.long)
     for i in range(resp.shape[0]):  # up to and including the first EOS
-        hits = (resp[i] == EOS).nonzero()
+        hits = torch.isin(resp[i], stops).nonzero()
         if len(hits):
             g_mask[i, int(hits[0]) + 1:] = 0.0
     su = units.stages["reward-inf"]
@@ -366,7 +395,7 @@ def _greedy_model_scores(units: PlanUnits, comm: Any, greedy_tokens: torch.Tenso
     if mine is not None:
         dp_rank, st = mine
         lo, hi = replica_slice(n, su.plan.dp, dp_rank)
-        lg = unit_logits(st, greedy_tokens[lo:hi])
+        lg = unit_logits(st, greedy_tokens[lo:hi], None if valid is None else valid[lo:hi])
         if lg is not None and _reports(st):
             contrib["g"] = (lo, sequence_scores(lg, g_mask[lo:hi], p_len).numpy())
     out = torch.zeros(n, dtype=torch.float64)

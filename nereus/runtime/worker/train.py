@@ -35,20 +35,24 @@ def is_reporter(state: UnitState) -> bool:
     return pp_rank == state.emu.layout.pp - 1 and tp_rank == 0
 
 
-def unit_logits(state: UnitState, tokens: torch.Tensor) -> torch.Tensor | None:
-    """Full-vocabulary logits [b, s, vocab] of ``tokens`` (eval mode, no grad) on the last pp
-    stage, None on the other stages; every rank of the unit calls it with the same tokens."""
+def unit_logits(state: UnitState, tokens: torch.Tensor,
+                valid: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Full-vocabulary logits [b, s, vocab] of ``tokens`` (eval mode, no grad; padded where
+    ``valid`` is False) on the last pp stage, None on the other stages; every rank of the unit
+    calls it with the same tokens."""
     state.model.eval()
     try:
-        out = forward_logits(state.model, link_of(state), state.groups.tp, tokens)
+        out = forward_logits(state.model, link_of(state), state.groups.tp, tokens, valid)
         return None if out is None else out.float().cpu()
     finally:
         state.model.train()
 
 
 def unit_forward_backward(state: UnitState, microbatches: Sequence[torch.Tensor],
-                          loss_fn: LossFn) -> float:
-    """Accumulate the gradients of ``loss_fn`` over ``microbatches``; returns the summed loss
-    on the last pp stage (0.0 elsewhere)."""
-    return forward_backward(state.model, link_of(state), state.groups.tp, microbatches, loss_fn)
+                          loss_fn: LossFn,
+                          valid: Sequence[torch.Tensor | None] | None = None) -> float:
+    """Accumulate the gradients of ``loss_fn`` over ``microbatches`` (padded where ``valid``
+    is False); returns the summed loss on the last pp stage (0.0 elsewhere)."""
+    return forward_backward(state.model, link_of(state), state.groups.tp, microbatches, loss_fn,
+                            valid)
 

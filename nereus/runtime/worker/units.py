@@ -3,7 +3,8 @@
 Every rank builds the process groups of every unit of the plan in plan order (``dist.new_group``
 is collective), then the Megatron models of the units it belongs to, filled from a *global*
 logical state (field → tensor name → array). Layout-independent by construction: the initial
-state is drawn once at tp=1 (``initial_global``). A later plan adopts the units a transition DAG
+state is drawn once at tp=1 (``initial_global``), or each rank reads its own shard of a Hugging
+Face checkpoint (``fill_unit``). A later plan adopts the units a transition DAG
 left on this rank (``adopted``: :mod:`nereus.runtime.execution.plan_change`), or — the fallback — is
 installed from the state gathered out of the running one (:mod:`nereus.runtime.execution.gather_reload`). DP replicas of a
 trainable model-stage all-reduce gradients over one gloo group per (pp, tp) position. The
@@ -148,10 +149,12 @@ class PlanUnits:
                     enable_kv_cache(st.model, groups.tp)
                     su.mine[dp_rank] = st
                     continue
+                source = globs[sp.name]
                 st = new_unit_state(spec, emu, global_rank, groups, lr=lr, step=adam_step,
                                     counters=Counters(**vars(c)), device=device,
-                                    initialize=device is None or not device.on_gpu)
-                load_global(st, globs[sp.name])
+                                    initialize=isinstance(source, dict) and (
+                                        device is None or not device.on_gpu))
+                fill_unit(st, source)
                 enable_kv_cache(st.model, groups.tp)
                 su.mine[dp_rank] = st
             if kept_dp is not None and sp.name in kept_dp:  # the same ranks: the same groups
@@ -184,8 +187,11 @@ class PlanUnits:
             self._zero_groups[sp.name] = list(source.groups)
             return
         assert self.zero is not None
+        glob = globs.get(sp.name)
+        if glob is not None and not isinstance(glob, dict):  # a checkpoint: tp = pp = 1 here
+            glob = glob.whole()
         built = build_zero_stage(spec, sp, su.emus, self.global_rank, self.zero, lr=lr,
-                                 timeout_s=self.timeout_s, glob=globs.get(sp.name),
+                                 timeout_s=self.timeout_s, glob=glob,
                                  counters=c, adam_step=adam_step, source=source,
                                  store=self._store, name=f"{self._namespace}/zero/{sp.name}")
         if source is not None:
@@ -297,6 +303,16 @@ def release_units(states: list[UnitState]) -> None:
                 continue
             seen.add(id(g))
             dist.destroy_process_group(g)
+
+
+def fill_unit(st: UnitState, source: Any) -> None:
+    """Fill this rank's shard of a unit from a global logical state (``Glob``) or from a
+    source that writes shards itself (a Hugging Face checkpoint read by slices:
+    :class:`nereus.hf.load.CheckpointSource`)."""
+    if isinstance(source, dict):
+        load_global(st, source)
+    else:
+        source.fill(st)
 
 
 def initial_global(spec: ModelSpec, seed: int, solo: StageGroups) -> Glob:

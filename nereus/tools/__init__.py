@@ -1,0 +1,1 @@
+"""Command-line tools that make inputs for Nereus (e.g. tiny Hugging Face checkpoints)."""
