@@ -122,11 +122,12 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
     """What README.md (*Status*, the main run) states about ``nereus run
     examples/ppo-tiny-cpu.yaml``; returns (measured, predicted, executor, after step) of every
     transition that moved state, and one line per change (for the report)."""
-    # the task is learned within the 8 steps: reward 0.44 → 3.39, mean length 6.7 → 52 tokens
+    # the task is learned within the 8 steps: reward 0.58 → 3.89, mean length 8.5 → 62 tokens
+    # (with the prompts' padding masked out of attention, issue 30)
     assert summary["steps"] == 8 and run.closed and list(run.steps["step"]) == list(range(8))
     rewards, lengths = summary["rewards"], summary["lengths"]
-    assert round(rewards[0], 2) == 0.44 and rewards[-1] >= 3.39, rewards
-    assert round(lengths[0], 1) == 6.7 and lengths[-1] >= 52.0, lengths
+    assert round(rewards[0], 2) == 0.58 and rewards[-1] >= 3.89, rewards
+    assert round(lengths[0], 1) == 8.5 and lengths[-1] >= 61.8, lengths
     # node 1 leaves after step 4 and returns after step 6; the steps run on its ranks or not
     pools = [(d.get("remove_node"), d.get("add_node"), int(k))
              for k, kind, d in zip(run.events["step"], run.events["kind"], run.events["detail"],
@@ -154,9 +155,10 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
         if n == 4:  # node 1 leaves with every replica of some model-stage: gather-and-reload
             assert d["kind"] == "urgent" and "pool" in why, (n, why)
             assert d["executor"] == "gather-reload" and "every replica of" in d["reason"], d
-        elif n == 6:  # node 1 is back: an opportunistic DAG onto its GPUs, where it pays back
-            assert d["kind"] == "opportunistic" and "pool" in why, (n, d, why)
-            assert d["executor"] == "dag" and prims and _gpus(plan) >= NODE1, (n, d, plan)
+        elif n == 6:  # node 1 is back: a DAG onto its GPUs, opportunistic where it pays back,
+            # urgent where memory runs short too
+            assert "pool" in why and (d["kind"] == "opportunistic" or "memory" in why), (n, why)
+            assert d["executor"] == "dag" and prims and _gpus(plan) & NODE1, (n, d, plan)
         elif n in (3, 5, 7):  # the longer responses outgrow the trainers' memory: urgent, a DAG
             # (after 3 and 5 typically a new batch split only; after 7 onto node 1, unless
             # the change after 6 went there already)
