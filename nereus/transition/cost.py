@@ -314,3 +314,22 @@ def restart_cost_s(cluster: ClusterSpec, state_bytes: int, units: int,
     per unit)."""
     r = rates(cluster, calib)
     return 2.0 * state_bytes / r.inter_bps + units * r.reload_unit_s + r.fixed_s
+
+
+def transition_sample(dag: TransitionDag | None, executor: str, state_bytes: int, units: int,
+                      cluster: ClusterSpec, calib: Calibration | None, measured_s: float
+                      ) -> tuple[dict[str, float], dict[str, float]] | None:
+    """The features of a measured plan change, for a :class:`nereus.cost.fit.Sample` of the
+    transition rates: its DAG's (:func:`path_features`) when ``executor`` ran one, those of
+    a gather-and-reload of ``state_bytes`` into ``units`` units (:func:`restart_features`)
+    otherwise; None where nothing is fitted (no time measured, or a host-staged change: its
+    host legs are no feature of the fit). A DAG without primitives — a change of batch split
+    only, which keeps every unit and group on the ranks — has the one ``transition`` event and
+    nothing else, so its measured time calibrates exactly the fixed cost such a change is
+    priced at (:func:`transition_cost_s`: ``fixed_s`` alone)."""
+    if not measured_s > 0 or executor == "staged":
+        return None
+    if executor == "dag" and dag is not None:
+        return path_features(dag, cluster, calib)
+    return restart_features(cluster, state_bytes, units)
+

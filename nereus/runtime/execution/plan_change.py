@@ -3,7 +3,9 @@
 Rank 0 planned the transition once (:mod:`nereus.runtime.rank0.loop`) and sent it to every rank
 with the target plan, in one :class:`~nereus.runtime.rank0.loop.PlanChangeOrder`. Every rank runs
 its DAG's primitives (:func:`nereus.runtime.execution.dag.run_dag`): units that survive the
-change keep their tensors, new ones receive exactly the bytes whose owner changes. When the
+change keep their tensors (and groups), new ones receive exactly the bytes whose owner changes;
+the DP groups of every model-stage whose replicas stay are kept too, so a change of batch split
+only (a DAG without primitives) creates no process group at all. When the
 order stages some model-stages through host memory (no order of the plain DAG fits device
 memory), every rank runs the three legs of :mod:`nereus.runtime.execution.host_stage`. When no
 DAG exists — every replica of some model-stage sat on removed ranks — the order says why
@@ -62,8 +64,8 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
                         device=device)
         return new, PlanChange("gather-reload", state_bytes(globs), order.reason, lost=lost,
                                transports={"mpi": 1})
-    held = units.handover()
-    units.destroy()  # the DP groups; the units' own groups travel with them
+    held, kept_dp = units.handover(), units.handover_dp(target)
+    units.destroy()  # the changed DP groups; the units' own groups travel with them
     sources = set(dag.source)
     stale = [st for e, st in held.items() if e not in sources]  # on ranks that left the pool
     final, consumed, run = run_dag(setup, dag, {e: st for e, st in held.items() if e in sources},
@@ -74,7 +76,7 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
     if device is not None:
         device.release_memory()  # what the DAG dropped goes back to the device
     new = PlanUnits(setup, target, rank, timeout_s, lr, {}, {}, store, namespace, adopted=final,
-                    device=device)
+                    device=device, kept_dp=kept_dp)
     prims = [{"index": p.index, "kind": p.kind, "model_stage": p.model_stage, "wave": p.wave,
               "bytes": p.bytes_moved} for p in run.primitives]
     return new, PlanChange("dag", run.bytes_moved, waves=run.waves, primitives=prims,
@@ -88,8 +90,8 @@ def _change_staged(units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
     setup, rank, timeout_s, device = units.setup, units.global_rank, units.timeout_s, units.device
     staged = order.staged
     assert staged is not None
-    held = units.handover()
-    units.destroy()  # the DP groups; the units' own groups travel with them
+    held, kept_dp = units.handover(), units.handover_dp(order.target)
+    units.destroy()  # the changed DP groups; the units' own groups travel with them
     sources = set(staged.rest.dag.source) | {e for h in staged.stages
                                              for e in (h.source, *h.dropped)}
     stale = [st for e, st in held.items() if e not in sources]  # on ranks that left the pool
@@ -102,7 +104,7 @@ def _change_staged(units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
     if device is not None:
         device.release_memory()
     new = PlanUnits(setup, order.target, rank, timeout_s, lr, {}, {}, store, namespace,
-                    adopted=final, device=device)
+                    adopted=final, device=device, kept_dp=kept_dp)
     prims = [{"index": p.index, "kind": p.kind, "model_stage": p.model_stage, "wave": p.wave,
               "bytes": p.bytes_moved} for p in run.dag.primitives]
     return new, PlanChange("staged", run.dag.bytes_moved, order.reason, waves=run.dag.waves,

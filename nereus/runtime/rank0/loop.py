@@ -37,7 +37,7 @@ from nereus.runtime.rank0.recorder import RunRecorder
 from nereus.spec.hardware import OpClass
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition import PlannedTransition
-from nereus.transition.cost import TRANSITION_EVENTS, path_features, restart_features
+from nereus.transition.cost import TRANSITION_EVENTS, transition_sample
 from nereus.transition.order import PlanChangeOrder
 
 # Samples the fit keeps: the most recent stage times (a few steps of every model-stage) and
@@ -273,16 +273,12 @@ class RankZero:
         """A plan change ran in ``measured_s``: a sample of the transition rates
         (:func:`nereus.transition.cost.path_features`), fitted at the next boundary."""
         ctl = self.ctl
-        if not measured_s > 0:
+        got = transition_sample(order.dag, executor, moved_bytes,
+                                sum(sp.dp for sp in order.target.stages), ctl.setup.cluster,
+                                ctl.calib, measured_s)
+        if got is None:  # nothing measured, or a host-staged change (issue 32)
             return
-        cluster = ctl.setup.cluster
-        if executor == "staged":  # host legs are no feature of the fit: no sample (issue 32)
-            return
-        if executor == "dag" and order.dag is not None:
-            ideal, counts = path_features(order.dag, cluster, ctl.calib)
-        else:  # gathered and reloaded: the state twice over the inter-node link, every unit
-            ideal, counts = restart_features(cluster, moved_bytes,
-                                             sum(sp.dp for sp in order.target.stages))
+        ideal, counts = got
         ctl.transition_samples = (ctl.transition_samples + [Sample(
             tuple(sorted(ideal.items())), tuple(sorted(counts.items())), measured_s,
             "transition")])[-TRANSITION_WINDOW:]

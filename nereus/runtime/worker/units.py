@@ -86,7 +86,8 @@ class PlanUnits:
                  device: RankDevice | None = None,
                  local: Mapping[Emu, LocalCopy] | None = None,
                  zero: DeepSpeedOptions | None = None, zero_names: tuple[str, ...] = (),
-                 zero_sources: Mapping[str, ZeroSource] | None = None) -> None:
+                 zero_sources: Mapping[str, ZeroSource] | None = None,
+                 kept_dp: Mapping[str, Any] | None = None) -> None:
         """Build the plan's units from ``globs``/``counters``, or — when ``adopted`` is given
         (after a transition DAG, on every rank) — take this rank's units of the plan from it:
         then no unit group is created (the DAG made them), only the DP groups. ``device``: this
@@ -95,7 +96,9 @@ class PlanUnits:
         old ranks' units rebuilt on the grown job's groups). ``zero_names``: the
         model-stages that run as DeepSpeed ZeRO units with ``zero``
         (:mod:`nereus.runtime.worker.zero_units`); ``zero_sources``: the running plan's,
-        kept where the stage plan is the same, else re-partitioned live into the new one."""
+        kept where the stage plan is the same, else re-partitioned live into the new one.
+        ``kept_dp``: the DP groups of the running plan's model-stages whose replicas the plan
+        keeps (:meth:`handover_dp`; None on ranks outside them), adopted instead of created."""
         self.device = device
         self.setup = setup
         self.plan = plan
@@ -154,7 +157,11 @@ class PlanUnits:
                 fill_unit(st, source)
                 enable_kv_cache(st.model, groups.tp)
                 su.mine[dp_rank] = st
-            if setup.job.workflow.by_name(sp.name).trainable and sp.dp > 1:
+            if kept_dp is not None and sp.name in kept_dp:  # the same ranks: the same groups
+                su.dp_group = kept_dp[sp.name]
+                if su.dp_group is not None:
+                    self._groups.append(su.dp_group)
+            elif setup.job.workflow.by_name(sp.name).trainable and sp.dp > 1:
                 for pos in range(sp.tp * sp.pp):
                     ranks = sorted(rep[pos] for rep in sp.replicas)
                     g = dist.new_group(ranks, timeout=to, backend="gloo" if device is None
@@ -249,13 +256,32 @@ class PlanUnits:
             su.mine.clear()
         return held
 
+    def handover_dp(self, target: ExecutionPlan) -> dict[str, Any]:
+        """The DP groups of the model-stages whose replicas (and layout) ``target`` keeps, given
+        away to the plan that follows (name → this rank's group, None where it is in none):
+        afterwards :meth:`destroy` leaves them. Every rank decides from the two plans alone,
+        so every rank skips the same ``dist.new_group`` calls (they are collective)."""
+        out: dict[str, Any] = {}
+        for sp in target.stages:
+            su = self.stages.get(sp.name)
+            if su is None or sp.name in self.zero_names or not (
+                    su.plan.replicas == sp.replicas and (su.plan.tp, su.plan.pp) == (sp.tp, sp.pp)
+                    and self.setup.job.workflow.by_name(sp.name).trainable and sp.dp > 1):
+                continue
+            out[sp.name] = su.dp_group
+            su.dp_group = None
+        kept = {id(g) for g in out.values() if g is not None}
+        self._groups = [g for g in self._groups if id(g) not in kept]
+        return out
+
     def destroy(self) -> None:
         """Drop models and optimizer state, destroy every group this rank joined."""
-        from nereus.runtime.worker.zero_units import release_zero
+        if self._zero_groups:  # imported only then: the import took 0.04-0.1 s of a change
+            from nereus.runtime.worker.zero_units import release_zero
 
-        for name, groups in self._zero_groups.items():
-            mine = self.stages[name].my_replica()
-            release_zero(None if mine is None else mine[1], groups)  # type: ignore[arg-type]
+            for name, groups in self._zero_groups.items():
+                mine = self.stages[name].my_replica()
+                release_zero(None if mine is None else mine[1], groups)  # type: ignore[arg-type]
         self._zero_groups = {}
         for su in self.stages.values():
             su.mine.clear()
