@@ -141,7 +141,10 @@ def test_rows_rewards_validation_and_tensorboard_through_a_transition_and_a_resu
         assert b["rows"][int(step)][int(seq)] == int(row)
         assert fn(r["prompt"], text, r["answer"], r) == reward == b["rewards"][int(step)][seq]
     assert np.allclose(run.steps["reward"], [np.mean(r) for r in b["rewards"]])
-    assert float(run.steps["reward"][-1]) > float(run.steps["reward"][0])  # it learns
+    # it learns: 8 samples a step are noisy (seen: 0.94 1.06 0.56 1.06 1.50 1.63 0.94), so the
+    # mean of the last three steps against the first three's
+    rewards = [float(r) for r in run.steps["reward"]]
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.25, rewards
     # validation after steps 3 and 6 and after the last
     v = run.tables["validation"]
     assert list(v["step"]) == [2, 5, 6] and set(v["prompts"]) == {VAL_ROWS}

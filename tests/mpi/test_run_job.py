@@ -379,7 +379,13 @@ models: {actor: {preset: tiny-gpt, vocab_size: 8}, reference: {preset: tiny-gpt,
 cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu, memory_per_gpu_gb: 0.5}
 controller: {memory_headroom: 0.01}
 runtime: {steps: 3, max_new_tokens: 16, capacity_drop: {at_step: 1, memory_per_rank_gb: 0.077}}
+data: {train: train.jsonl, tokenizer: "nereus:pattern"}
+reward: {fn: "nereus:pattern/reward.py:pattern_reward"}
 """
+# The pattern task's prompts planned at 8 tokens (7 letters and the colon): the memory this test
+# balances (77.7 MB held against 77.0 MB offered) is that of 8-token prompts, at which the
+# planner starts actor-train at dp 2; the task's own prompts (at most 5 tokens) start it at tp 2.
+OOM_PROMPTS = ["abcdeab:", "bcdeabc:", "cdeabcd:", "deabcde:", "eabcdea:", "aabbcce:"]
 
 
 def test_capacity_drop_is_an_oom_the_controller_handles_on_the_urgent_path(
@@ -393,6 +399,8 @@ def test_capacity_drop_is_an_oom_the_controller_handles_on_the_urgent_path(
     splits its state (pp or tp 2; real bytes ~72.5 MB) — and step 2 runs with no OOM."""
     cfg = tmp_path / "oom.yaml"
     cfg.write_text(OOM)
+    (tmp_path / "train.jsonl").write_text("".join(
+        json.dumps({"prompt": p, "answer": p[:-1]}) + "\n" for p in OOM_PROMPTS))
     log = tmp_path / "oom.h5"
     res = nereus("run", str(cfg), "--log", str(log), "--json")
     assert res.returncode == 0, res.stderr[-3000:]
