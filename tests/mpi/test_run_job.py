@@ -61,7 +61,9 @@ def test_example_runs_on_4_ranks_and_report_reads_its_log(tmp_path: Path) -> Non
     assert set(data["stage_time_error"]["per_step_mape_pct"]) == {"0", "1", "2", "3"}
 
 
-README_RUNS = 3  # the ratios are judged over this many runs' transitions
+# The ratios are judged over this many runs' transitions: one in the suite (8 ranks for ~1-2 min
+# on 2 cores); NEREUS_README_RUNS=3 for the evidence quoted in README and RESULTS.
+README_RUNS = int(os.environ.get("NEREUS_README_RUNS", "1"))
 # The order of magnitude (0.1-10x) is judged where the 1-minute load average stays at or below
 # this during every run (the job's 8 ranks on 2 cores give ~8): at load averages up to 95 from
 # other jobs a first gather-and-reload took up to 17.8x its prediction (its rate is still the
@@ -185,13 +187,13 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(4800)  # three runs of 8 ranks: ~1 min each on 2 quiet cores, far more loaded
+@pytest.mark.timeout(4800)  # up to three runs of 8 ranks: ~1 min each on 2 quiet cores
 def test_the_readme_main_job_as_written(tmp_path: Path) -> None:
-    """``nereus run examples/ppo-tiny-cpu.yaml`` exactly as the README runs it, three times:
+    """``nereus run examples/ppo-tiny-cpu.yaml`` exactly as the README runs it, README_RUNS times:
     each run does what README.md says it does (the changes, their triggers and executors, the
     node leaving and returning, the task learned to the stated reward), and every transition
     that moved state took 0.1-10x the time admission weighed for it, on a host not loaded far
-    beyond the job's own ranks (``ORDER_LOAD``, judged over the three runs)."""
+    beyond the job's own ranks (``ORDER_LOAD``, judged over the runs)."""
     moved: list[tuple[float, float, str, int]] = []
     loads: list[float] = []
     report: list[str] = []
