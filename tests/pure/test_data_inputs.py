@@ -471,3 +471,30 @@ def test_the_job_fingerprint_names_the_data(tmp_path: Path) -> None:
     assert "data.identity" in fingerprint(rows[::-1]).differences(base)
     assert "data.identity" in fingerprint(rows, ", seed: 7").differences(base)
     assert fingerprint(rows, seed=3).differences(base) == "seed 0 (this config: 3)"
+
+
+def test_a_generic_fast_tokenizer_folder_loads_as_autotokenizer_would(tmp_path: Path) -> None:
+    """The pattern folder (tokenizer_config.json names the generic fast class, no config.json)
+    is read without the auto classes, into the class AutoTokenizer gives, with the same ids and
+    texts; beside a model's config.json, AutoTokenizer decides (5.x picks the model type's)."""
+    import random
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from nereus.rl.data.tokenizer import load_tokenizer
+
+    pattern = Path(__file__).resolve().parents[2] / "nereus" / "data" / "pattern"
+    with_model = tmp_path / "with-config"
+    shutil.copytree(pattern, with_model)
+    (with_model / "config.json").write_text('{"model_type": "llama"}')
+    rng = random.Random(0)
+    prompts = ["abc:", "eeda:", "c:"]
+    for folder in (pattern, with_model):
+        codec = load_tokenizer(str(folder), "data.tokenizer", False)
+        ref = AutoTokenizer.from_pretrained(str(folder))
+        assert type(codec.tokenizer) is type(ref), folder
+        assert codec.encode_all(prompts) == ref(prompts)["input_ids"]
+        for _ in range(200):
+            ids = [rng.randrange(len(ref)) for _ in range(rng.randrange(1, 30))]
+            assert codec.decode(ids) == ref.decode(ids, skip_special_tokens=True)

@@ -1,6 +1,8 @@
 """The tokenizer a job's prompts and responses go through: a Hugging Face tokenizer folder read
-with transformers (``AutoTokenizer``; a folder holding only ``tokenizer.json`` is read as a
-``PreTrainedTokenizerFast``), its chat template, EOS and PAD.
+with transformers (``AutoTokenizer``; a folder holding only ``tokenizer.json``, or a tokenizer
+folder without a model's ``config.json`` whose ``tokenizer_config.json`` names the generic fast
+class, is read as a ``PreTrainedTokenizerFast`` directly: the class AutoTokenizer resolves it
+to, without the auto classes' torch import), its chat template, EOS and PAD.
 
 EOS, PAD and BOS ids: by the one rule of :func:`nereus.rl.tokens.special_tokens_of`, from the
 tokenizer and the folder's ``generation_config.json`` and ``config.json`` (a checkpoint folder
@@ -30,6 +32,10 @@ from nereus.rl.tokens import SpecialTokens, response_ids, special_tokens_of
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
+
+
+# tokenizer_config.json's class names of the generic fast tokenizer (transformers 4.x; 5.x)
+GENERIC_FAST = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def tokenizer_folder(data_tokenizer: str, checkpoint: str = "") -> tuple[str, str]:
@@ -141,6 +147,22 @@ def check_vocab(codec: TextCodec, vocab_size: int, field: str, value: object) ->
                               f"{i} of the tokenizer in {codec.folder}")
 
 
+def _generic_fast(config_path: str) -> bool:
+    """True when ``tokenizer_config.json`` names the generic fast tokenizer class and no
+    ``config.json`` lies beside it: the class ``AutoTokenizer`` then instantiates (with a
+    model's config.json, transformers 5.x picks the model type's class instead)."""
+    import json
+
+    if os.path.exists(os.path.join(os.path.dirname(config_path), "config.json")):
+        return False
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError):
+        return False  # AutoTokenizer reads it, and names what is wrong
+    return isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_FAST
+
+
 def load_tokenizer(folder: str, field: str, chat_template: bool) -> TextCodec:
     """The tokenizer in ``folder`` (an absolute path; ``field`` names it in errors)."""
     if not os.path.isdir(folder):
@@ -151,14 +173,21 @@ def load_tokenizer(folder: str, field: str, chat_template: bool) -> TextCodec:
         raise ConfigError(field, folder, "has no tokenizer.json (a Hugging Face tokenizer "
                           "folder; slow, sentencepiece-only tokenizers are not read)")
     try:
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise ConfigError(field, folder, "needs transformers (pip install 'nereus[data]')"
                           ) from None
     hf_logging.set_verbosity_error()  # its warnings are not this run's one-line errors
+    config = os.path.join(folder, "tokenizer_config.json")
     try:
-        if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        if _generic_fast(config):
+            # the class AutoTokenizer resolves such a folder to, without importing the auto
+            # classes (they import torch: ~3 s of CPU in every process, ranks and launcher)
+            tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+        elif os.path.isfile(config):
+            from transformers import AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True,
                                                 trust_remote_code=False)
         else:
