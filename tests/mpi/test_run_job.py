@@ -146,6 +146,7 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
                                                                    strict=True)}
     admission = {int(k) + 1: (bool(a), str(p)) for k, a, p in zip(
         adm["step"], adm["admitted"], adm["path"], strict=True)}
+    reasons = {int(k) + 1: str(r) for k, r in zip(adm["step"], adm["reason"], strict=True)}
     tr = run.tables["transitions"]
     after = [int(k) + 1 for k in tr["step"]]  # "after step N", 1-based as README counts
     plans = [run.initial_plan, *tr["plan"]]
@@ -178,8 +179,14 @@ def _check_readme_claims(summary: dict[str, Any], run: Any
         if prims or d["executor"] != "dag":
             moved.append((float(tr["measured_s"][i]), float(tr["predicted_s"][i]),
                           d["executor"], n))
-    assert {4, 6} <= set(after), after
-    assert _gpus(plans[-1]) >= NODE1  # back on node 1 for step 8
+    assert 4 in after, after
+    if 6 in after:
+        assert _gpus(plans[-1]) >= NODE1  # back on node 1 for step 8
+    else:  # node 1's return weighed on the opportunistic path and refused as not paying back
+        # within gamma*H (its payback measured 0.87 steps in a quiet run, 3.22 on a loaded host)
+        assert "pool" in trigger[6] and admission[6] == (False, "opportunistic"), admission
+        assert "payback" in reasons[6] and "gamma*H" in reasons[6], reasons[6]
+        lines.append(f"after 6: refused: {reasons[6]}")
     # the closed loop: stage times against predictions and refitted fixed costs every step
     assert set(run.tables["stage_times"]["step"].tolist()) == set(range(8))
     assert set(run.tables["fixed_costs"]["step"].tolist()) == set(range(8))
@@ -205,7 +212,7 @@ def test_the_readme_main_job_as_written(tmp_path: Path) -> None:
         report.append(f"run {i} (load {min(load):.0f}-{max(load):.0f}): " + "; ".join(lines))
     print("\n".join(report))
     ratios = [(round(m / p, 2), ex, n) for m, p, ex, n in moved]
-    assert len(ratios) >= 2 * README_RUNS, ratios  # at least the changes after steps 4 and 6
+    assert len(ratios) >= README_RUNS, ratios  # at least the change after step 4
     if max(loads) > ORDER_LOAD:
         pytest.skip(f"ratios not judged: 1-minute load average up to {max(loads):.0f} > "
                     f"{ORDER_LOAD:.0f} during the runs (ratios {ratios})")

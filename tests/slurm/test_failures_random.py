@@ -79,7 +79,7 @@ def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
     return all(sp["name"] in alive or COPIES.get(sp["name"]) in alive for sp in plan["stages"])
 
 
-@pytest.mark.timeout(2400)  # 1 + MOMENTS runs of 6 ranks: ~6 min for 8 on 2 cores
+@pytest.mark.timeout(2400)  # 1 + MOMENTS runs of 6 ranks: ~9 min for 8 on 2 shared cores
 def test_random_node_deaths_inside_a_slurm_allocation(slurm_cluster: LocalSlurm,
                                                        tmp_path: Path) -> None:
     from nereus.log.reader import read_run_log

@@ -147,20 +147,17 @@ def check_vocab(codec: TextCodec, vocab_size: int, field: str, value: object) ->
                               f"{i} of the tokenizer in {codec.folder}")
 
 
-def _generic_fast(config_path: str) -> bool:
+def _generic_fast(folder: str, field: str) -> bool:
     """True when ``tokenizer_config.json`` names the generic fast tokenizer class and no
     ``config.json`` lies beside it: the class ``AutoTokenizer`` then instantiates (with a
-    model's config.json, transformers 5.x picks the model type's class instead)."""
-    import json
+    model's config.json, transformers 5.x picks the model type's class instead). Read with the
+    checkpoint files' bounded reader: a malformed file is one line naming it."""
+    from nereus.config.checkpoint_files import folder_json
 
-    if os.path.exists(os.path.join(os.path.dirname(config_path), "config.json")):
+    if os.path.exists(os.path.join(folder, "config.json")):
         return False
-    try:
-        with open(config_path, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except (OSError, ValueError):
-        return False  # AutoTokenizer reads it, and names what is wrong
-    return isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_FAST
+    config = folder_json(field, folder, "tokenizer_config.json")
+    return config is not None and config.get("tokenizer_class") in GENERIC_FAST
 
 
 def load_tokenizer(folder: str, field: str, chat_template: bool) -> TextCodec:
@@ -179,13 +176,13 @@ def load_tokenizer(folder: str, field: str, chat_template: bool) -> TextCodec:
         raise ConfigError(field, folder, "needs transformers (pip install 'nereus[data]')"
                           ) from None
     hf_logging.set_verbosity_error()  # its warnings are not this run's one-line errors
-    config = os.path.join(folder, "tokenizer_config.json")
+    generic = _generic_fast(folder, field)
     try:
-        if _generic_fast(config):
+        if generic:
             # the class AutoTokenizer resolves such a folder to, without importing the auto
             # classes (they import torch: ~3 s of CPU in every process, ranks and launcher)
             tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
-        elif os.path.isfile(config):
+        elif os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True,
