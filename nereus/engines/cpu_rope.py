@@ -20,6 +20,10 @@ from __future__ import annotations
 import math
 
 import torch
+
+from nereus.engines import megatron_import  # noqa: F401  (before any megatron import)
+
+# isort: split
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt.gpt_model import GPTModel
 

@@ -29,6 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from nereus.engines import megatron_import  # noqa: F401  (before any megatron import)
+
+# isort: split
 # Megatron warns about missing Transformer Engine / Apex on import; harmless on CPU.
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel

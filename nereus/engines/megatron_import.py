@@ -1,0 +1,64 @@
+"""Import Megatron-core once per process, without two import-time costs Nereus never uses
+(effectful).
+
+* ``megatron.core.jit`` binds ``jit_fuser = torch.compile`` and some twenty fused helpers
+  (bias-GeLU/GeGLU/SwiGLU, bias-dropout, fused cross entropy, L2 norm, MoE routing, the output
+  gate) are decorated with it at import, which imports TorchDynamo and Inductor: measured here,
+  about half of Megatron-core's import CPU time, in every rank of every job. Nereus builds its
+  models with those fusions off (:func:`nereus.engines.megatron_model.transformer_config`), so
+  the decorated helpers are not on its path; the import runs with a pass-through decorator in
+  place of ``torch.compile``, which leaves ``jit_fuser`` as Megatron's own
+  ``megatron.core.jit.disable_jit_fuser()`` would (a helper that is called anyway runs eagerly:
+  the same arithmetic, no compilation). ``torch.compile`` itself is restored before this
+  returns.
+* Megatron-core's dynamic inference context and timers import wandb when it is installed
+  (about a second, and two temporary folders left behind per process); Nereus uses neither, so
+  wandb is hidden while Megatron-core imports, unless it was imported already. Nereus's own
+  wandb sink (:mod:`nereus.log.sinks`) imports it normally afterwards.
+
+Every Nereus module that imports Megatron-core at module level imports this module first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def _pass_through(model: Any = None, **_options: Any) -> Any:
+    """``torch.compile``'s two call forms, compiling nothing: ``compile(fn)`` gives ``fn``,
+    ``compile(**options)`` a decorator that gives its function back."""
+    if model is None:
+        return lambda fn: fn
+    return model
+
+
+@contextmanager
+def _megatron_import_scope() -> Iterator[None]:
+    import torch
+
+    real_compile: Callable[..., Any] = torch.compile
+    hide_wandb = "wandb" not in sys.modules
+    if hide_wandb:
+        sys.modules["wandb"] = None  # type: ignore[assignment]  # "import wandb" -> ImportError
+    torch.compile = _pass_through  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = real_compile  # type: ignore[assignment]
+        if hide_wandb and sys.modules.get("wandb", 0) is None:
+            del sys.modules["wandb"]
+
+
+def load() -> None:
+    """Import ``megatron.core`` (its package import loads the modules the builders use); a no-op
+    once it is imported."""
+    if "megatron.core" in sys.modules:
+        return
+    with _megatron_import_scope():
+        import megatron.core  # noqa: F401
+
+
+load()
