@@ -47,7 +47,7 @@ from nereus.errors import ConfigError
 from nereus.spec.job import Setup
 from nereus.spec.model import ADAM_FP32_BYTES_PER_PARAM
 from nereus.spec.plan import Candidate, ExecutionPlan
-from nereus.spec.workflow import ModelStage
+from nereus.spec.workflow import ModelStage, Workflow
 
 GIB = 1 << 30
 WORKSPACE_BYTES = 1 * GIB
@@ -287,46 +287,60 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     add; phases of a lane take turns (max); model-stages of a phase on the same GPU add.
     """
     workflow = setup.job.workflow
-    # gpu -> list of (model-stage, breakdown, shard key); GPUs holding the same shards (the
-    # same list) have the same peak, computed once (thousands of GPUs, a few distinct lists)
+    # One entry per (model-stage, position in a replica): (model-stage, breakdown, shard key);
+    # gpu -> the ids of the entries it holds. GPUs holding the same entries (the same id list)
+    # have the same peak, computed once (thousands of GPUs, a few distinct lists).
     Entry = tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]
-    on_gpu: dict[int, list[Entry]] = {}
+    entries: list[Entry] = []
+    on_gpu: dict[int, list[int]] = {}
     for sp in plan.stages:
         try:
             ms = workflow.by_name(sp.name)
         except KeyError:
             raise ConfigError("plan.stages", sp.name, "not a model-stage of the workflow") from None
-        if len(sp.replicas) != sp.dp or any(len(r) != sp.tp * sp.pp for r in sp.replicas):
+        width = sp.tp * sp.pp
+        if len(sp.replicas) != sp.dp or any(len(r) != width for r in sp.replicas):
             raise ConfigError(f"plan.{sp.name}.replicas", sp.replicas, "plan is not placed")
         per_rank = [rank_memory(setup, ms, sp.candidate, calib, i) for i in range(sp.pp)]
+        first = len(entries)
+        for pos in range(width):
+            pp_rank, tp_rank = divmod(pos, sp.tp)
+            entries.append((ms, per_rank[pp_rank], (sp.tp, sp.pp, pp_rank, tp_rank)))
+        ids = range(first, first + width)
         for rep in sp.replicas:
-            for pos, gpu in enumerate(rep):
-                pp_rank, tp_rank = divmod(pos, sp.tp)
-                key = (sp.tp, sp.pp, pp_rank, tp_rank)
-                on_gpu.setdefault(gpu, []).append((ms, per_rank[pp_rank], key))
+            for gpu, eid in zip(rep, ids, strict=True):  # lengths checked above
+                held = on_gpu.get(gpu)
+                if held is None:
+                    on_gpu[gpu] = [eid]
+                else:
+                    held.append(eid)
+    seen: dict[tuple[int, ...], int] = {}
     result: dict[int, int] = {}
-    seen: dict[tuple[tuple[str, tuple[int, int, int, int]], ...], int] = {}
     for gpu in sorted(on_gpu):
-        entries = on_gpu[gpu]
-        # GPUs holding the same positions of the same model-stages hold the same bytes
-        sig = tuple((ms.name, key) for ms, _, key in entries)
+        sig = tuple(on_gpu[gpu])
         got = seen.get(sig)
-        if got is not None:
-            result[gpu] = got
-            continue
-        persistent = 0
-        transient: dict[str, int] = {}
-        for state in sorted({ms.state for ms, _, _ in entries}):
-            group = [e for e in entries if e[0].state == state]
-            keeper = max(group, key=lambda e: (e[1].persistent_bytes, e[0].name))
-            persistent += keeper[1].persistent_bytes
-            for ms, mb, key in group:
-                extra = mb.weights_bytes if (ms.name != keeper[0].name and key != keeper[2]) else 0
-                transient[ms.name] = transient.get(ms.name, 0) + mb.transient_bytes + extra
-        peak_transient = 0
-        for lane in workflow.lanes:
-            peak_transient += max(
-                (sum(transient.get(n, 0) for n in phase) for phase in lane), default=0
-            )
-        result[gpu] = seen[sig] = persistent + peak_transient
+        if got is None:
+            got = seen[sig] = _peak_bytes(workflow, [entries[i] for i in sig])
+        result[gpu] = got
     return result
+
+
+def _peak_bytes(workflow: Workflow,
+                entries: list[tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]]
+                ) -> int:
+    """Peak bytes of one GPU holding ``entries`` (see :func:`gpu_memory`)."""
+    persistent = 0
+    transient: dict[str, int] = {}
+    for state in sorted({ms.state for ms, _, _ in entries}):
+        group = [e for e in entries if e[0].state == state]
+        keeper = max(group, key=lambda e: (e[1].persistent_bytes, e[0].name))
+        persistent += keeper[1].persistent_bytes
+        for ms, mb, key in group:
+            extra = mb.weights_bytes if (ms.name != keeper[0].name and key != keeper[2]) else 0
+            transient[ms.name] = transient.get(ms.name, 0) + mb.transient_bytes + extra
+    peak_transient = 0
+    for lane in workflow.lanes:
+        peak_transient += max(
+            (sum(transient.get(n, 0) for n in phase) for phase in lane), default=0
+        )
+    return persistent + peak_transient

@@ -225,15 +225,17 @@ def placement_errors(
         placed: set[int] = set()
         count = 0
         for r, rep in enumerate(sp.replicas):
+            before = len(placed)
             count += len(rep)
             placed.update(rep)
-            nodes = [g // gpn for g in rep]
-            if len(rep) != size or len(set(rep)) != len(rep):
+            # a replica with a repeated GPU adds fewer than len(rep) to ``placed``
+            if len(rep) != size or (len(placed) - before != len(rep) and len(set(rep)) != len(rep)):
                 errors.append(f"{sp.name} replica {r}: {rep} is not tp·pp distinct GPUs")
             if size <= gpn:
-                if nodes.count(nodes[0]) != len(nodes):
+                if rep and min(rep) // gpn != max(rep) // gpn:
                     errors.append(f"{sp.name} replica {r}: fits a node but spans nodes")
                 continue
+            nodes = [g // gpn for g in rep]
             for pp_rank in range(sp.pp):
                 group = nodes[pp_rank * sp.tp : (pp_rank + 1) * sp.tp]
                 if group.count(group[0]) != len(group):
