@@ -12,9 +12,11 @@
   the same arithmetic, no compilation). ``torch.compile`` itself is restored before this
   returns.
 * Megatron-core's dynamic inference context and timers import wandb when it is installed
-  (about a second, and two temporary folders left behind per process); Nereus uses neither, so
-  wandb is hidden while Megatron-core imports, unless it was imported already. Nereus's own
-  wandb sink (:mod:`nereus.log.sinks`) imports it normally afterwards.
+  (about a second, and two temporary folders left behind per process), and its timers torch's
+  TensorBoard writer (about half a second); Nereus uses neither part, so both are hidden while
+  Megatron-core imports (``import`` raises ImportError, which Megatron-core catches), unless
+  imported already. Nereus's own sinks (:mod:`nereus.log.sinks`) import them normally
+  afterwards.
 
 Every Nereus module that imports Megatron-core at module level imports this module first.
 """
@@ -25,6 +27,9 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+# optional imports of Megatron-core that Nereus never uses (see above)
+HIDDEN = ("wandb", "torch.utils.tensorboard")
 
 
 def _pass_through(model: Any = None, **_options: Any) -> Any:
@@ -40,16 +45,17 @@ def _megatron_import_scope() -> Iterator[None]:
     import torch
 
     real_compile: Callable[..., Any] = torch.compile
-    hide_wandb = "wandb" not in sys.modules
-    if hide_wandb:
-        sys.modules["wandb"] = None  # type: ignore[assignment]  # "import wandb" -> ImportError
+    hidden = [name for name in HIDDEN if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # "import name" -> ImportError
     torch.compile = _pass_through  # type: ignore[assignment]
     try:
         yield
     finally:
         torch.compile = real_compile  # type: ignore[assignment]
-        if hide_wandb and sys.modules.get("wandb", 0) is None:
-            del sys.modules["wandb"]
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def load() -> None:

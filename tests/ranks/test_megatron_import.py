@@ -1,5 +1,5 @@
 """Megatron-core imported through nereus.engines.megatron_import: no TorchDynamo/Inductor and no
-wandb at import, torch.compile and wandb as they were afterwards, models built as before.
+wandb or TensorBoard at import, torch.compile, wandb and TensorBoard as they were afterwards, models built as before.
 
 Each check runs in a fresh interpreter (a child process): the import happens once per process.
 """
@@ -22,6 +22,7 @@ out = {
     "inductor": "torch._inductor" in sys.modules,
     "dynamo": "torch._dynamo" in sys.modules,
     "wandb_during": "wandb" in sys.modules,
+    "tensorboard_during": "torch.utils.tensorboard" in sys.modules,
     "compile_restored": torch.compile is real_compile,
     "jit_fuser_compiles": jit.jit_fuser is real_compile,
 }
@@ -33,6 +34,8 @@ try:
     out["wandb_after"] = "imported"
 except ImportError:
     out["wandb_after"] = "not installed"
+from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (the tensorboard extra)
+out["tensorboard_after"] = True
 print(json.dumps(out))
 """
 
@@ -47,7 +50,8 @@ def _probe(code: str) -> dict[str, object]:
 def test_megatron_imports_without_compiler_or_wandb_and_restores_both() -> None:
     out = _probe(PROBE)
     assert out["inductor"] is False and out["dynamo"] is False, out
-    assert out["wandb_during"] is False, out
+    assert out["wandb_during"] is False and out["tensorboard_during"] is False, out
+    assert out["tensorboard_after"] is True, out
     assert out["compile_restored"] is True, out
     assert out["jit_fuser_compiles"] is False and out["fuser_passes_through"] is True, out
     try:
