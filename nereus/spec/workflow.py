@@ -9,6 +9,7 @@ with the step boundary at the weight synchronization.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property, lru_cache
@@ -94,6 +95,32 @@ class Workflow:
 
     def shares_state(self, a: str, b: str) -> bool:
         return self.by_name(a).state == self.by_name(b).state
+
+    def copy_source(self, name: str) -> str | None:
+        """The trainable model-stage whose weights the frozen model-stage ``name`` holds a copy
+        of after every step's weight sync (actor-gen: actor-train; critic-inf: critic-train),
+        or None (a trainable model-stage, or a frozen one with a state of its own: reference,
+        reward). A copy whose every replica is lost comes back from a replica of its source,
+        as the runtime's recovery does (``nereus.runtime.failures.recovery``)."""
+        ms = self.by_name(name)
+        if ms.trainable:
+            return None
+        for other in self.model_stages:
+            if other.trainable and other.state == ms.state:
+                return other.name
+        return None
+
+    def lost_stages(self, replicas_alive: Mapping[str, bool]) -> list[str]:
+        """The model-stages whose state is gone, given whether each has a replica alive: no
+        replica alive, and no replica of its copy source (:meth:`copy_source`) either."""
+        out = []
+        for name, alive in replicas_alive.items():
+            if alive:
+                continue
+            src = self.copy_source(name)
+            if src is None or not replicas_alive.get(src, False):
+                out.append(name)
+        return sorted(out)
 
     def roles(self) -> tuple[str, ...]:
         seen: list[str] = []

@@ -7,8 +7,9 @@ the controller can weigh them like any other transition (DESIGN.md §2.1):
 - **gather-and-reload** (in process): every model-stage's state is read from one surviving
   replica, all-gathered to every rank over the control plane, and every unit of the target is
   rebuilt from it (:mod:`nereus.runtime.execution.gather_reload`). It needs a replica of every
-  model-stage on the pool, and host memory on every rank for the whole logical state (the
-  all-gather gives every rank all of it). Cost: :func:`nereus.transition.cost.restart_cost_s`.
+  model-stage on the pool (or, for a frozen copy of a trained model-stage, of its source), and
+  host memory on every rank for the whole logical state (the all-gather gives every rank all of
+  it). Cost: :func:`nereus.transition.cost.restart_cost_s`.
 - **checkpoint/restart**: the job writes its state to the parallel filesystem, relaunches and
   reads it back — always possible (a model-stage whose every replica was lost comes back from
   the last checkpoint), and the most expensive: a relaunch and start-up of ``RESTART_BASE_S``
@@ -62,11 +63,14 @@ def gather_reload_s(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
 def gather_reload_blocker(setup: Setup, current: ExecutionPlan,
                           pool: Sequence[int] | None) -> str:
     """Why gather-and-reload cannot run from ``current`` on ``pool`` ("" when it can): a
-    model-stage with no replica left on the pool, or a rank's host memory smaller than the whole
-    state the all-gather gives it."""
+    model-stage with no replica left on the pool (a frozen copy of a trained model-stage —
+    actor-gen, critic-inf — comes back from a replica of its source,
+    :meth:`nereus.spec.workflow.Workflow.copy_source`, as the runtime's recovery does), or a
+    rank's host memory smaller than the whole state the all-gather gives it."""
     alive = None if pool is None else set(pool)
-    lost = sorted(sp.name for sp in current.stages
-                  if not any(alive is None or alive.issuperset(r) for r in sp.replicas))
+    lost = setup.job.workflow.lost_stages(
+        {sp.name: any(alive is None or alive.issuperset(r) for r in sp.replicas)
+         for sp in current.stages})
     if lost:
         return f"every replica of {', '.join(lost)} was lost"
     need = total_state_bytes(setup)

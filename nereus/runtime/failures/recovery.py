@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nereus.runtime.execution.gather_reload import fill_copies
 from nereus.runtime.failures.boundary import (
     BoundaryBook,
     agree_boundary,
@@ -43,11 +44,13 @@ from nereus.runtime.failures.checkpoint import latest_global, save_global
 from nereus.runtime.failures.restart import RestartPoint
 from nereus.runtime.failures.ulfm import RankFailure, shrink, ulfm_enabled
 from nereus.runtime.mpi.frames import bcast
-from nereus.runtime.worker.state import FIELDS, Counters
+from nereus.runtime.worker.state import Counters
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
 # A frozen model-stage that holds a copy of a trained one after every step's weight sync.
+# (the relation of nereus.spec.workflow.Workflow.copy_source, which the recovery uses; kept
+# here as a table for the failure tests)
 COPIES = {"actor-gen": "actor-train", "critic-inf": "critic-train"}
 
 
@@ -330,12 +333,7 @@ class FailureHandler:
         lost_original = [self.original[g] for g in surv.lost]
         self.original = tuple(self.original[g] for g in sorted(surv.gpus))
         globs, counters, lost = gather_survivors(self.setup, b, new_comm, surv.gpus)
-        for copy, src in COPIES.items():
-            if copy in lost and src in globs:
-                lost.remove(copy)
-                param = globs[src]["param"]
-                globs[copy] = {f: {t: (a if f == "param" else a * 0) for t, a in param.items()}
-                               for f in FIELDS}
+        lost = fill_copies(self.setup, globs, lost)
         step, restored, lost_stages = b.step, "replicas", list(lost)
         if lost:
             from nereus.runtime.failures.resume_check import expected_for
