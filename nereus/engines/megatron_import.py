@@ -48,11 +48,11 @@ def _megatron_import_scope() -> Iterator[None]:
     hidden = [name for name in HIDDEN if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # "import name" -> ImportError
-    torch.compile = _pass_through  # type: ignore[assignment]
+    torch.compile = _pass_through
     try:
         yield
     finally:
-        torch.compile = real_compile  # type: ignore[assignment]
+        torch.compile = real_compile
         for name in hidden:
             if name in sys.modules and sys.modules[name] is None:
                 del sys.modules[name]
