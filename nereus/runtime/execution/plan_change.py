@@ -21,7 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from nereus.runtime.execution.dag import run_dag
-from nereus.runtime.execution.gather_reload import fill_copies, gather_state, state_bytes
+from nereus.runtime.execution.gather_reload import gather_state, state_bytes
 from nereus.runtime.execution.host_stage import run_staged
 from nereus.runtime.worker.units import PlanUnits, release_units
 from nereus.transition.order import PlanChangeOrder
@@ -57,7 +57,6 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
         return _change_staged(units, order, store, namespace, lr=lr)
     if dag is None:
         globs, counters, lost = gather_state(units, comm, order.pool)
-        lost = fill_copies(setup, globs, lost)  # a lost copy comes from its source's replica
         units.destroy()
         if device is not None:
             device.release_memory()
