@@ -276,6 +276,10 @@ def memory_capacity_bytes(setup: Setup) -> int:
     return int((1.0 - setup.job.controller.memory_headroom) * setup.cluster.gpu.memory_bytes)
 
 
+# one position of a model-stage's replicas: (model-stage, its breakdown, (tp, pp, pp_rank, tp_rank))
+Entry = tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]
+
+
 def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[int, int]:
     """Peak bytes per GPU id of a placed plan.
 
@@ -287,12 +291,11 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     add; phases of a lane take turns (max); model-stages of a phase on the same GPU add.
     """
     workflow = setup.job.workflow
-    # One entry per (model-stage, position in a replica): (model-stage, breakdown, shard key);
-    # gpu -> the ids of the entries it holds. GPUs holding the same entries (the same id list)
-    # have the same peak, computed once (thousands of GPUs, a few distinct lists).
-    Entry = tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]
+    # One entry per (model-stage, position in a replica). GPUs holding the same entries have the
+    # same peak, computed once (thousands of GPUs, a few distinct sets).
     entries: list[Entry] = []
-    on_gpu: dict[int, list[int]] = {}
+    columns: list[np.ndarray] = []  # per model-stage: the GPU of every position of every replica
+    firsts: list[int] = []  # per model-stage: its first entry id
     for sp in plan.stages:
         try:
             ms = workflow.by_name(sp.name)
@@ -306,14 +309,40 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
         for pos in range(width):
             pp_rank, tp_rank = divmod(pos, sp.tp)
             entries.append((ms, per_rank[pp_rank], (sp.tp, sp.pp, pp_rank, tp_rank)))
-        ids = range(first, first + width)
-        for rep in sp.replicas:
-            for gpu, eid in zip(rep, ids, strict=True):  # lengths checked above
-                held = on_gpu.get(gpu)
-                if held is None:
-                    on_gpu[gpu] = [eid]
-                else:
-                    held.append(eid)
+        columns.append(np.asarray(sp.replicas, dtype=np.int64).reshape(-1))
+        firsts.append(first)
+    # held[g, s]: the entry of model-stage s on GPU g, -1 where none (a GPU holds at most one
+    # position of a model-stage in a valid plan; else the slow path below counts every one)
+    used = np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64)
+    if used.size == 0:
+        return {}
+    held = np.full((int(used.max()) + 1, len(columns)), -1, dtype=np.int64)
+    for s_idx, (gpus, first) in enumerate(zip(columns, firsts, strict=True)):
+        if np.unique(gpus).size != gpus.size:
+            return _gpu_memory_slow(workflow, entries, columns, firsts)
+        held[gpus, s_idx] = first + np.arange(gpus.size, dtype=np.int64) % _width(firsts, s_idx,
+                                                                                 len(entries))
+    rows = np.flatnonzero((held >= 0).any(axis=1))
+    sigs, inverse = np.unique(held[rows], axis=0, return_inverse=True)
+    peaks = [_peak_bytes(workflow, [entries[int(e)] for e in sig if e >= 0]) for sig in sigs]
+    return {int(g): peaks[int(k)] for g, k in zip(rows, inverse.reshape(-1), strict=True)}
+
+
+def _width(firsts: list[int], s_idx: int, n_entries: int) -> int:
+    """Positions per replica of the ``s_idx``-th model-stage (its entries)."""
+    end = firsts[s_idx + 1] if s_idx + 1 < len(firsts) else n_entries
+    return end - firsts[s_idx]
+
+
+def _gpu_memory_slow(workflow: Workflow, entries: list[Entry], columns: list[np.ndarray],
+                     firsts: list[int]) -> dict[int, int]:
+    """:func:`gpu_memory` where some GPU holds two positions of one model-stage (a plan that
+    placement checks reject; every entry counts)."""
+    on_gpu: dict[int, list[int]] = {}
+    for s_idx, (gpus, first) in enumerate(zip(columns, firsts, strict=True)):
+        width = _width(firsts, s_idx, len(entries))
+        for k, g in enumerate(gpus.tolist()):
+            on_gpu.setdefault(g, []).append(first + k % width)
     seen: dict[tuple[int, ...], int] = {}
     result: dict[int, int] = {}
     for gpu in sorted(on_gpu):
@@ -325,9 +354,7 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     return result
 
 
-def _peak_bytes(workflow: Workflow,
-                entries: list[tuple[ModelStage, MemoryBreakdown, tuple[int, int, int, int]]]
-                ) -> int:
+def _peak_bytes(workflow: Workflow, entries: list[Entry]) -> int:
     """Peak bytes of one GPU holding ``entries`` (see :func:`gpu_memory`)."""
     persistent = 0
     transient: dict[str, int] = {}
