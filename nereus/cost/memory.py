@@ -296,6 +296,7 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     entries: list[Entry] = []
     columns: list[np.ndarray] = []  # per model-stage: the GPU of every position of every replica
     firsts: list[int] = []  # per model-stage: its first entry id
+    widths: list[int] = []  # per model-stage: positions per replica (tp·pp)
     for sp in plan.stages:
         try:
             ms = workflow.by_name(sp.name)
@@ -311,36 +312,29 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
             entries.append((ms, per_rank[pp_rank], (sp.tp, sp.pp, pp_rank, tp_rank)))
         columns.append(np.asarray(sp.replicas, dtype=np.int64).reshape(-1))
         firsts.append(first)
+        widths.append(width)
     # held[g, s]: the entry of model-stage s on GPU g, -1 where none (a GPU holds at most one
     # position of a model-stage in a valid plan; else the slow path below counts every one)
     used = np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64)
     if used.size == 0:
         return {}
     held = np.full((int(used.max()) + 1, len(columns)), -1, dtype=np.int64)
-    for s_idx, (gpus, first) in enumerate(zip(columns, firsts, strict=True)):
+    for s_idx, (gpus, first, width) in enumerate(zip(columns, firsts, widths, strict=True)):
         if np.unique(gpus).size != gpus.size:
-            return _gpu_memory_slow(workflow, entries, columns, firsts)
-        held[gpus, s_idx] = first + np.arange(gpus.size, dtype=np.int64) % _width(firsts, s_idx,
-                                                                                 len(entries))
+            return _gpu_memory_slow(workflow, entries, columns, firsts, widths)
+        held[gpus, s_idx] = first + np.arange(gpus.size, dtype=np.int64) % width
     rows = np.flatnonzero((held >= 0).any(axis=1))
     sigs, inverse = np.unique(held[rows], axis=0, return_inverse=True)
     peaks = [_peak_bytes(workflow, [entries[int(e)] for e in sig if e >= 0]) for sig in sigs]
     return {int(g): peaks[int(k)] for g, k in zip(rows, inverse.reshape(-1), strict=True)}
 
 
-def _width(firsts: list[int], s_idx: int, n_entries: int) -> int:
-    """Positions per replica of the ``s_idx``-th model-stage (its entries)."""
-    end = firsts[s_idx + 1] if s_idx + 1 < len(firsts) else n_entries
-    return end - firsts[s_idx]
-
-
 def _gpu_memory_slow(workflow: Workflow, entries: list[Entry], columns: list[np.ndarray],
-                     firsts: list[int]) -> dict[int, int]:
+                     firsts: list[int], widths: list[int]) -> dict[int, int]:
     """:func:`gpu_memory` where some GPU holds two positions of one model-stage (a plan that
     placement checks reject; every entry counts)."""
     on_gpu: dict[int, list[int]] = {}
-    for s_idx, (gpus, first) in enumerate(zip(columns, firsts, strict=True)):
-        width = _width(firsts, s_idx, len(entries))
+    for gpus, first, width in zip(columns, firsts, widths, strict=True):
         for k, g in enumerate(gpus.tolist()):
             on_gpu.setdefault(g, []).append(first + k % width)
     seen: dict[tuple[int, ...], int] = {}

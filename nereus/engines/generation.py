@@ -132,9 +132,6 @@ def generate(model: torch.nn.Module, tp_group: dist.ProcessGroup, prompts: torch
     prefill and decode step runs through the pipeline stages (each caches its own layers), the
     last stage picks the tokens and broadcasts them over the pp group, so every stage returns
     the same result. Stops early when every sequence has stopped."""
-    from nereus.engines import megatron_import
-
-    megatron_import.load()
     from megatron.core.inference.contexts import StaticInferenceContext
 
     if link is not None and link.pp == 1:

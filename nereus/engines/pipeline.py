@@ -250,9 +250,6 @@ def megatron_forward_backward(model: torch.nn.Module, link: StageLink, tp_group:
     (``forward_backward_no_pipelining`` at pp = 1, the non-interleaved 1F1B otherwise) with the
     unit's explicit groups. Megatron divides each microbatch's loss by the microbatch count;
     ours are already normalised, so the loss handed back is scaled up by it (equal gradients)."""
-    from nereus.engines import megatron_import
-
-    megatron_import.load()
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.pipeline_parallel.schedules import (
         forward_backward_no_pipelining,

@@ -34,8 +34,8 @@ import pytest
 from support.failure_runs import JOB, failure_events, same_training, summary
 from support.paths import REPO
 
-from nereus.runtime.failures.recovery import COPIES
 from nereus.runtime.mpi.frames import KILL_ENV, POINTS
+from nereus.spec.workflow import build_workflow
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpiexec") is None,
@@ -84,9 +84,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
 
 
 def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
-    alive = {sp["name"] for sp in plan["stages"]
-             if any(not dead & set(r) for r in sp["replicas"])}
-    return all(sp["name"] in alive or COPIES.get(sp["name"]) in alive for sp in plan["stages"])
+    """Every model-stage keeps a replica, or (a frozen copy) its trained source does: the
+    recovery's rule (Workflow.lost_stages; the job is synchronous PPO)."""
+    alive = {sp["name"]: any(not dead & set(r) for r in sp["replicas"]) for sp in plan["stages"]}
+    return not build_workflow("ppo").lost_stages(alive)
 
 
 @pytest.mark.timeout(600)

@@ -31,7 +31,7 @@ import pytest
 from support.failure_runs import JOB, failure_events, same_training, summary
 from support.slurm_cluster import LocalSlurm, job_info, wait_for, wait_job
 
-from nereus.runtime.failures.recovery import COPIES
+from nereus.spec.workflow import build_workflow
 
 pytestmark = pytest.mark.slow
 NODES, GPN = 3, 2  # the local Slurm cluster's nodes; ranks per node (so replicas can survive)
@@ -74,9 +74,10 @@ def _result(tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
 
 
 def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
-    alive = {sp["name"] for sp in plan["stages"]
-             if any(not dead & set(r) for r in sp["replicas"])}
-    return all(sp["name"] in alive or COPIES.get(sp["name"]) in alive for sp in plan["stages"])
+    """Every model-stage keeps a replica, or (a frozen copy) its trained source does: the
+    recovery's rule (Workflow.lost_stages; the job is synchronous PPO)."""
+    alive = {sp["name"]: any(not dead & set(r) for r in sp["replicas"]) for sp in plan["stages"]}
+    return not build_workflow("ppo").lost_stages(alive)
 
 
 @pytest.mark.timeout(2400)  # 1 + MOMENTS runs of 6 ranks: ~9 min for 8 on 2 shared cores

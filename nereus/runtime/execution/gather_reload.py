@@ -30,8 +30,6 @@ from nereus.runtime.worker.units import (
     local_pieces,
     spec_of,
 )
-from nereus.spec.job import Setup
-from nereus.spec.workflow import Workflow
 
 
 def source_replica(units: PlanUnits, name: str, pool: Sequence[int]) -> tuple[int, bool]:
@@ -79,26 +77,6 @@ def gather_state(units: PlanUnits, comm: Any, pool: Sequence[int], skip: Sequenc
     for name in stages:
         globs[name] = assemble_global(spec_of(units.setup, name), pieces.get(name, []))
     return globs, counters, lost
-
-
-def fill_copies(setup: Setup, globs: dict[str, Glob], lost: Sequence[str]) -> list[str]:
-    """Give every lost frozen copy of a trained model-stage (actor-gen, critic-inf:
-    :meth:`nereus.spec.workflow.Workflow.copy_source`) whose source was not lost its source's
-    parameters (they are equal after every step's weight sync) and zero other fields, in
-    ``globs``; the model-stages still lost."""
-    wf = setup.job.workflow
-    still = [n for n in lost if not _fill_copy(wf, globs, n, lost)]
-    return still
-
-
-def _fill_copy(wf: Workflow, globs: dict[str, Glob], name: str, lost: Sequence[str]) -> bool:
-    src = wf.copy_source(name)
-    if src is None or src in lost or src not in globs:
-        return False
-    param = globs[src]["param"]
-    globs[name] = {f: {t: (a if f == "param" else a * 0) for t, a in param.items()}
-                   for f in FIELDS}
-    return True
 
 
 def allgather_contributions(comm: Any, contrib: dict[str, Any]

@@ -30,10 +30,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nereus.runtime.execution.gather_reload import fill_copies
 from nereus.runtime.failures.boundary import (
     BoundaryBook,
     agree_boundary,
@@ -44,14 +44,27 @@ from nereus.runtime.failures.checkpoint import latest_global, save_global
 from nereus.runtime.failures.restart import RestartPoint
 from nereus.runtime.failures.ulfm import RankFailure, shrink, ulfm_enabled
 from nereus.runtime.mpi.frames import bcast
-from nereus.runtime.worker.state import Counters
+from nereus.runtime.worker.state import FIELDS, Counters
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 
-# A frozen model-stage that holds a copy of a trained one after every step's weight sync.
-# (the relation of nereus.spec.workflow.Workflow.copy_source, which the recovery uses; kept
-# here as a table for the failure tests)
-COPIES = {"actor-gen": "actor-train", "critic-inf": "critic-train"}
+
+def fill_copies(setup: Setup, globs: dict[str, Any], lost: Sequence[str]) -> list[str]:
+    """Give every lost frozen copy of a trained model-stage (actor-gen, critic-inf:
+    :meth:`nereus.spec.workflow.Workflow.copy_source`) whose source was not lost its source's
+    parameters (equal after every step's weight sync, the boundary the survivors agree on) and
+    zero other fields, in ``globs``; the model-stages still lost."""
+    wf = setup.job.workflow
+    still = []
+    for name in lost:
+        src = wf.copy_source(name)
+        if src is None or src in lost or src not in globs:
+            still.append(name)
+            continue
+        param = globs[src]["param"]
+        globs[name] = {f: {t: (a if f == "param" else a * 0) for t, a in param.items()}
+                       for f in FIELDS}
+    return still
 
 
 @dataclass
