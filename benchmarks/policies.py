@@ -126,14 +126,16 @@ def scenarios(jobs: list[str], quick: bool) -> list[Scenario]:
     return out
 
 
-def run(sc: Scenario, policy: str, gamma: float = 0.5, model_error: float | None = None
-        ) -> SimResult:
+def run(sc: Scenario, policy: str, gamma: float = 0.5, model_error: float | None = None,
+        loss_exposure: bool = True) -> SimResult:
     truth = ShapeTruth(noise_rel=0.02, seed=0)
     cfg = SimConfig(steps=sc.steps, policy=policy, gamma=gamma, every_k=3)
     setup = sc.setup()
+    ctl = setup.job.controller
     if model_error is not None:  # the tie rule's ε (0: off)
-        ctl = replace(setup.job.controller, model_error=model_error)
-        setup = replace(setup, job=replace(setup.job, controller=ctl))
+        ctl = replace(ctl, model_error=model_error)
+    ctl = replace(ctl, loss_exposure=loss_exposure)
+    setup = replace(setup, job=replace(setup.job, controller=ctl))
     return simulate(setup, sc.gpu_trace, sc.length_trace, cfg, truth, default_calibration())
 
 
@@ -261,10 +263,12 @@ def _print(rows: list[dict[str, Any]], sweep: list[dict[str, Any]], lr: dict[str
             print(f"   {p['policy']:8s} {p['mean_step_s']:8.1f} s/step  wait {p['wait_s']:7.0f} s  "
                   f"vs static {p['vs_static_pct']:+6.1f}%  transitions {ex or '-'}"
                   + (f"  rejected {rej}" if rej else ""))
-        if "tie_rule_off" in row:
-            off = row["tie_rule_off"]
-            print(f"   tie rule off (model_error 0): nereus {off['mean_step_s']:.2f} s/step, "
-                  f"{off['share_pct']:.0f}% of the oracle's gain")
+        for key, what in (("tie_rule_off", "tie rule off (model_error 0)"),
+                          ("exposure_off", "loss exposure off")):
+            if key in row:
+                off = row[key]
+                print(f"   {what}: nereus {off['mean_step_s']:.2f} s/step, "
+                      f"{off['share_pct']:.0f}% of the oracle's gain")
         for k, v in sorted(row.get("gap_to_oracle_s", {}).items(), key=lambda kv: -abs(kv[1])):
             print(f"   gap to oracle: {v:+9.1f} s  {k}")
     if sweep:
@@ -289,6 +293,9 @@ def main() -> int:
     ap.add_argument("--no-sweep", action="store_true", help="skip the gamma sweep (b)")
     ap.add_argument("--tie-ablation", action="store_true",
                     help="also run nereus with the tie rule off (controller.model_error 0)")
+    ap.add_argument("--exposure-ablation", action="store_true",
+                    help="also run nereus without loss exposure (controller.loss_exposure "
+                         "false)")
     args = ap.parse_args()
     jobs = [j for j in args.jobs.split(",") if j]
     unknown = [j for j in jobs if j not in JOBS]
@@ -300,12 +307,14 @@ def main() -> int:
     for sc in [] if args.long_only else scenarios(jobs, args.quick):
         res = {p: run(sc, p) for p in POLICIES}
         rows.append(scenario_summary(sc, res))
-        if args.tie_ablation:
-            off = run(sc, "nereus", model_error=0.0).mean_step_s
-            st, orc = res["static"].mean_step_s, res["oracle"].mean_step_s
-            rows[-1]["tie_rule_off"] = {
-                "mean_step_s": off, "share_pct": 100 * (st - off) / (st - orc)
-                if st > orc else float("nan")}
+        st, orc = res["static"].mean_step_s, res["oracle"].mean_step_s
+        for key, on, kw in (("tie_rule_off", args.tie_ablation, {"model_error": 0.0}),
+                            ("exposure_off", args.exposure_ablation,
+                             {"loss_exposure": False})):
+            if on:
+                off = run(sc, "nereus", **kw).mean_step_s
+                rows[-1][key] = {"mean_step_s": off, "share_pct": 100 * (st - off) / (st - orc)
+                                 if st > orc else float("nan")}
         if not args.json:
             _print(rows[-1:], [], {})
         if sc.job == "8b-h200" and sc.lengths == "paper-25" and not args.no_sweep:

@@ -112,7 +112,7 @@ def check_lengths(
 
 CONTROLLER_KEYS = (
     "delta_len", "delta_efficiency", "gamma", "memory_headroom", "calibration_alpha",
-    "horizon_alpha", "model_error", "targets", "host_staging",
+    "horizon_alpha", "model_error", "targets", "host_staging", "loss_exposure",
 )
 _CONTROLLER_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "delta_len": f.positive_float,
@@ -124,6 +124,7 @@ _CONTROLLER_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "model_error": lambda p, v: f.fraction(p, v, closed_low=True, closed_high=False),
     "targets": lambda p, v: f.positive_int(p, v, "MAX_TARGETS"),
     "host_staging": f.boolean,
+    "loss_exposure": f.boolean,
 }
 
 

@@ -16,6 +16,11 @@ L̂_tran — and records a verdict for every one (:class:`OptionRecord`, logged 
   (``ControllerSpec.model_error``, relative) of the predicted seconds of the model-stages in
   which the two targets differ (:func:`tie_band_s`): two plans that share most model-stages
   share their errors there, so only the differing part can reorder them.
+- **Loss exposure** (:mod:`nereus.control.exposure`): once the pool has shrunk, each plan —
+  the current one and every target — carries the seconds it expects to lose to a
+  checkpoint/restart within the horizon; they count with its steps: ΔL above is
+  (current step + its exposure / H) − (target step + its exposure / H), urgent totals are
+  step·H + exposure + L̂_tran, and the tie rule's cheapest is the least L̂_tran + exposure.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PlanOption:
     transition: PlannedTransition | None
     stage_s: tuple[tuple[str, float], ...] = ()  # predicted seconds per model-stage, if known
     skipped: str = ""  # why no transition was planned for it (it cannot be chosen: plan_lazily)
+    exposure_s: float = 0.0  # expected restart seconds within the horizon (control.exposure)
 
     @property
     def transition_s(self) -> float | None:
@@ -60,12 +66,13 @@ class OptionRecord:
     admitted: bool
     reason: str  # admission's verdict
     why_executor: str = ""  # why not a cheaper way (no DAG fits memory, every replica lost …)
+    exposure_s: float = 0.0  # its loss exposure over the horizon (control.exposure)
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "plan": self.label, "step_s": self.step_s,
                 "delta_l_s": self.delta_l_s, "transition_s": self.transition_s,
                 "executor": self.executor, "admitted": self.admitted, "reason": self.reason,
-                "why_executor": self.why_executor}
+                "why_executor": self.why_executor, "exposure_s": self.exposure_s}
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ class Admission:
     horizon_steps: float = 0.0
     transition: PlannedTransition | None = None  # the admitted target's, planned once
     options: tuple[OptionRecord, ...] = ()  # every target considered, with its verdict
+    current_exposure_s: float = 0.0  # the current plan's loss exposure (control.exposure)
 
 
 def payback_ok(delta_l_s: float, transition_s: float, gamma: float, horizon_steps: float) -> bool:
@@ -113,9 +121,16 @@ def ties(a: PlanOption, b: PlanOption, model_error: float) -> bool:
 
 def _tie_break(chosen: int, options: Sequence[PlanOption], candidates: Sequence[int],
                model_error: float) -> int:
-    """The cheapest transition among ``candidates`` tied with ``chosen`` (ties: faster)."""
+    """The cheapest transition (with its exposure) among ``candidates`` tied with ``chosen``
+    (ties: faster)."""
     tied = [i for i in candidates if ties(options[i], options[chosen], model_error)]
-    return min(tied, key=lambda i: (options[i].transition_s, options[i].step_s, i))
+    return min(tied, key=lambda i: ((options[i].transition_s or 0.0) + options[i].exposure_s,
+                                    options[i].step_s, i))
+
+
+def effective_step_s(step_s: float, exposure_s: float, horizon_steps: float) -> float:
+    """A step's seconds with the plan's loss exposure spread over the horizon."""
+    return step_s + (exposure_s / horizon_steps if horizon_steps > 0.0 else 0.0)
 
 
 def _record(i: int, opt: PlanOption, delta: float, admitted: bool, reason: str) -> OptionRecord:
@@ -124,7 +139,8 @@ def _record(i: int, opt: PlanOption, delta: float, admitted: bool, reason: str) 
                                  else tr.restart_reason)
     how = "not planned" if opt.skipped else "none" if tr is None else tr.executor
     return OptionRecord(i, plan_label(opt.plan), opt.step_s, delta,
-                        None if tr is None else tr.cost_s, how, admitted, reason, why)
+                        None if tr is None else tr.cost_s, how, admitted, reason, why,
+                        opt.exposure_s)
 
 
 def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
@@ -149,13 +165,14 @@ def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
     def total(i: int) -> float:
         o = options[i]
         assert o.transition is not None
-        return o.step_s * h + o.transition.cost_s
+        return o.step_s * h + o.exposure_s + o.transition.cost_s
 
     best = min(able, key=lambda i: (total(i), options[i].step_s, i))
     pick = _tie_break(best, options, able, model_error)
     chosen = options[pick]
     assert chosen.transition is not None
-    why = (f"current plan infeasible; least step*H + L_tran = {total(pick):.2f} s over "
+    exp = " + exposure" if any(o.exposure_s for o in options) else ""
+    why = (f"current plan infeasible; least step*H{exp} + L_tran = {total(pick):.2f} s over "
            f"H = {h:.2f} steps ({chosen.transition.executor})")
     if pick != best:
         why += (f"; within the model's error ({model_error:.0%}) of option {best}, whose "
@@ -172,8 +189,8 @@ def admit_urgent(options: Sequence[PlanOption], horizon_steps: float = 1.0,
             records.append(_record(i, o, math.inf, False, f"tied with option {pick} within "
                                    "the model's error; its transition costs more"))
         else:
-            records.append(_record(i, o, math.inf, False, f"step*H + L_tran = {total(i):.2f} s "
-                                   f"> {total(best):.2f} s"))
+            records.append(_record(i, o, math.inf, False, f"step*H{exp} + L_tran = "
+                                   f"{total(i):.2f} s > {total(best):.2f} s"))
     path = "restart" if chosen.transition.executor == "restart" else "urgent"
     return Admission(True, path, why, chosen.plan, transition_s=chosen.transition.cost_s,
                      horizon_steps=h, transition=chosen.transition, options=tuple(records))
@@ -185,10 +202,12 @@ def admit_opportunistic(
     gamma: float,
     horizon_steps: float,
     model_error: float = 0.0,
+    current_exposure_s: float = 0.0,
 ) -> Admission:
     """Admit the admissible option (faster, paying back within γ·H_x) with the best payback
     value ΔL·H_x − L̂_tran, the tie rule applied (module docstring); every option gets a
-    verdict. ``options`` are sorted fastest first (S* first)."""
+    verdict. ``options`` are sorted fastest first (S* first). With loss exposures (the options'
+    and ``current_exposure_s``) ΔL compares steps with their exposure spread over H_x."""
     if gamma <= 0.0:
         return Admission(False, "opportunistic", "gamma = 0 admits only urgent transitions",
                          options=tuple(_record(i, o, current_step_s - o.step_s, False,
@@ -197,10 +216,15 @@ def admit_opportunistic(
     if not options:
         return Admission(False, "opportunistic", "no feasible target")
     h = horizon_steps
+    current_eff = effective_step_s(current_step_s, current_exposure_s, h)
+
+    def gain(o: PlanOption) -> float:
+        return current_eff - effective_step_s(o.step_s, o.exposure_s, h)
+
     verdicts: list[str] = []
     able: list[int] = []
     for opt in options:
-        delta = current_step_s - opt.step_s
+        delta = gain(opt)
         if delta <= 0.0 or math.isclose(delta, 0.0, abs_tol=1e-12):
             verdicts.append(f"not faster than the current plan (dL = {delta:.3g} s)")
         elif opt.skipped:
@@ -217,27 +241,31 @@ def admit_opportunistic(
     def value(i: int) -> float:
         o = options[i]
         assert o.transition is not None
-        return (current_step_s - o.step_s) * h - o.transition.cost_s
+        return gain(o) * h - o.transition.cost_s
 
     if not able:
         first = verdicts[0]
-        if options[0].transition is None and current_step_s - options[0].step_s > 0:
+        if options[0].transition is None and gain(options[0]) > 0:
             first = "S* has no executable transition (option 0)"
         rejected = tuple(_record(i, o, current_step_s - o.step_s, False, verdicts[i])
                          for i, o in enumerate(options))
         s_star = options[0]
         return Admission(False, "opportunistic", first, None, current_step_s - s_star.step_s,
-                         s_star.transition_s or 0.0, h, options=rejected)
+                         s_star.transition_s or 0.0, h, options=rejected,
+                         current_exposure_s=current_exposure_s)
     best = max(able, key=lambda i: (value(i), -options[i].step_s, -i))
     pick = _tie_break(best, options, able, model_error)
     chosen = options[pick]
     assert chosen.transition is not None
-    delta = current_step_s - chosen.step_s
+    delta = gain(chosen)
     cost_s = chosen.transition.cost_s
     why = (f"payback {cost_s / delta:.2f} steps <= gamma*H = {gamma * h:.2f}; value "
            f"dL*H - L_tran = {value(pick):.2f} s ({chosen.transition.executor})")
     if pick != 0:
         why = f"fallback option {pick} (S* failed: {verdicts[0] or 'less payback'}): " + why
+    if chosen.exposure_s or current_exposure_s:
+        why += (f"; exposure {chosen.exposure_s:.2f} s against the current plan's "
+                f"{current_exposure_s:.2f} s")
     if pick != best:
         why += (f"; within the model's error ({model_error:.0%}) of option {best}, whose "
                 "transition costs more")
@@ -256,7 +284,7 @@ def admit_opportunistic(
                                    f"admissible, but value {value(i):.2f} s < "
                                    f"{value(best):.2f} s"))
     return Admission(True, "opportunistic", why, chosen.plan, delta, cost_s, h,
-                     chosen.transition, tuple(records))
+                     chosen.transition, tuple(records), current_exposure_s)
 
 
 Planner = Callable[[ExecutionPlan], "PlannedTransition | None"]
@@ -264,26 +292,28 @@ Planner = Callable[[ExecutionPlan], "PlannedTransition | None"]
 
 def plan_lazily(options: Sequence[PlanOption], plan: Planner, *, urgent: bool,
                 current_step_s: float, gamma: float, horizon_steps: float,
-                model_error: float) -> tuple[PlanOption, ...]:
+                model_error: float, current_exposure_s: float = 0.0) -> tuple[PlanOption, ...]:
     """``options`` (fastest first, no transitions yet) with their transitions planned by
     ``plan`` — but only where admission could choose them: an option whose best possible
     outcome (opportunistic: its whole gain over the horizon, ΔL·H, as if its transition were
     free; urgent: step·H) cannot beat an option already planned, and that is not tied with the
     chosen one by the tie rule, is ``skipped`` with the reason. Admission on the result is the
-    same as with every transition planned (the bounds are exact); the planning time is not."""
+    same as with every transition planned (the bounds are exact); the planning time is not.
+    Loss exposures count as admission counts them."""
     h = max(horizon_steps, 1.0) if urgent else horizon_steps
+    current_eff = effective_step_s(current_step_s, current_exposure_s, h)
     out = list(options)
     best: int | None = None
     best_score = -math.inf  # opportunistic: value; urgent: −(step·H + L̂_tran)
     later: list[int] = []
     for i, o in enumerate(out):
         if not urgent:
-            delta = current_step_s - o.step_s
+            delta = current_eff - effective_step_s(o.step_s, o.exposure_s, h)
             if delta <= 0.0 or gamma <= 0.0:
                 continue  # never admissible: no transition needed for its verdict
             bound = delta * h
         else:
-            bound = -o.step_s * h
+            bound = -(o.step_s * h + o.exposure_s)
         if best is not None and bound <= best_score and not ties(o, out[best], model_error):
             later.append(i)
             continue
@@ -292,7 +322,7 @@ def plan_lazily(options: Sequence[PlanOption], plan: Planner, *, urgent: bool,
         if tr is None:
             continue
         if urgent:
-            score = -(o.step_s * h + tr.cost_s)
+            score = -(o.step_s * h + o.exposure_s + tr.cost_s)
         elif payback_ok(delta, tr.cost_s, gamma, h):
             score = delta * h - tr.cost_s
         else:
@@ -305,8 +335,9 @@ def plan_lazily(options: Sequence[PlanOption], plan: Planner, *, urgent: bool,
         if ties(o, out[best], model_error):
             out[i] = replace(o, transition=plan(o.plan))
         else:
-            what = (f"its gain over the horizon, dL*H = {(current_step_s - o.step_s) * h:.2f} s"
-                    if not urgent else f"its step*H = {o.step_s * h:.2f} s")
+            gain_s = (current_eff - effective_step_s(o.step_s, o.exposure_s, h)) * h
+            what = (f"its gain over the horizon, dL*H = {gain_s:.2f} s" if not urgent
+                    else f"its step*H = {o.step_s * h + o.exposure_s:.2f} s")
             out[i] = replace(o, skipped=f"not planned: {what}, cannot beat option {best} "
                                         f"({abs(best_score):.2f} s)")
     return tuple(out)

@@ -8,7 +8,7 @@ its whole state serializes to plain data so that any rank can take over.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from nereus.control.admission import (
@@ -18,6 +18,7 @@ from nereus.control.admission import (
     admit_urgent,
     plan_lazily,
 )
+from nereus.control.exposure import PoolHistory
 from nereus.control.horizon import SignalHorizon
 from nereus.control.signals import EFFICIENCY_PREFIX, GEN_LEN, MEMORY, POOL, Observation
 from nereus.spec.job import ControllerSpec
@@ -73,6 +74,8 @@ class ControllerState:
     pending: tuple[str, ...] = ()
     replans: int = 0
     transitions: int = 0
+    # the pool as observed while a plan runs: loss exposure's rates
+    pool_history: PoolHistory = field(default_factory=PoolHistory)
 
     def horizon(self, name: str) -> SignalHorizon:
         return dict(self.horizons).get(name, SignalHorizon())
@@ -86,6 +89,7 @@ class ControllerState:
             "pending": list(self.pending),
             "replans": self.replans,
             "transitions": self.transitions,
+            "pool_history": self.pool_history.to_dict(),
         }
 
     @staticmethod
@@ -98,6 +102,8 @@ class ControllerState:
             pending=tuple(str(p) for p in d["pending"]),
             replans=int(d["replans"]),
             transitions=int(d["transitions"]),
+            pool_history=(PoolHistory.from_dict(d["pool_history"]) if "pool_history" in d
+                          else PoolHistory()),
         )
 
 
@@ -162,6 +168,9 @@ def controller_step(
         references=tuple(sorted(refs.items())),
         horizons=tuple(sorted(horizons.items())),
         pool=tuple(obs.pool) if not state.pool else state.pool,
+        # the pool's changes while a plan runs (not the wait for a first feasible pool)
+        pool_history=(state.pool_history.observed(tuple(obs.pool)) if state.plan is not None
+                      else PoolHistory(tuple(obs.pool))),
     )
     if not triggers:
         return new_state, Decision(obs.step, (), False, False, current_step_s=current_eval.step_s)
@@ -195,11 +204,21 @@ def controller_step(
         (horizons[t].horizon_steps for t in triggers if t in horizons),
         default=SignalHorizon().horizon_steps,
     )
+    exposure = getattr(port, "exposure", None)  # optional: the loss exposure of a plan
+    current_exposure_s = 0.0
+    history = new_state.pool_history
+    if spec.loss_exposure and exposure is not None and state.plan is not None \
+            and history.changes:
+        options = tuple(replace(o, exposure_s=exposure(o.plan, history, horizon))
+                        for o in options)
+        if not urgent:
+            current_exposure_s = exposure(state.plan, history, horizon)
     if state.plan is not None:  # transitions planned where admission could choose them
         current = state.plan
         options = plan_lazily(options, lambda p: port.transition(current, p), urgent=urgent,
                               current_step_s=current_eval.step_s, gamma=spec.gamma,
-                              horizon_steps=horizon, model_error=spec.model_error)
+                              horizon_steps=horizon, model_error=spec.model_error,
+                              current_exposure_s=current_exposure_s)
     if state.plan is None:
         admission = (
             Admission(True, "initial", "initial plan", options[0].plan)
@@ -210,7 +229,7 @@ def controller_step(
         admission = admit_urgent(options, horizon, spec.model_error)
     else:
         admission = admit_opportunistic(current_eval.step_s, options, spec.gamma, horizon,
-                                        spec.model_error)
+                                        spec.model_error, current_exposure_s)
 
     # References reset after every replan, even when the transition is rejected.
     after = replace(

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nereus.control.controller import PlanEvaluation
+from nereus.control.exposure import PoolHistory, exposure_s
 from nereus.control.options import candidate_targets
 from nereus.control.signals import Observation
 from nereus.cost.calibration import Calibration
@@ -94,6 +95,12 @@ class SearchPort:
         mixed cluster, where the band falls back to the whole step)."""
         s = setup_for(self.setup, obs)
         return {} if s.cluster.heterogeneous else plan_stage_s(s, plan, self.calib)
+
+    def exposure(self, plan: ExecutionPlan, history: PoolHistory,
+                 horizon_steps: float) -> float:
+        """Expected checkpoint/restart seconds of ``plan`` within the horizon
+        (:func:`nereus.control.exposure.exposure_s`)."""
+        return exposure_s(self.setup, plan, history, horizon_steps)
 
     def search(self, obs: Observation) -> tuple[ExecutionPlan, float] | None:
         s = setup_for(self.setup, obs)

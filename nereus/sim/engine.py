@@ -248,7 +248,9 @@ def simulate(
     spec = setup.job.controller
     if cfg.policy == "dynarl":
         # DynaRL-style: replan at every step (no drift thresholds), admit any ΔL > 0.
-        spec = replace(spec, gamma=float("inf"), delta_len=0.0, delta_efficiency=0.0)
+        # No loss exposure: that policy weighs step time only.
+        spec = replace(spec, gamma=float("inf"), delta_len=0.0, delta_efficiency=0.0,
+                       loss_exposure=False)
     else:
         spec = replace(spec, gamma=cfg.gamma)
     clock = _Clock(gpu_trace, setup.cluster.num_gpus, cfg.max_wait_s)
@@ -282,6 +284,7 @@ def simulate(
                         "path": adm.path, "admitted": adm.admitted, "reason": adm.reason,
                         "delta_l_s": adm.delta_l_s, "transition_s": adm.transition_s,
                         "horizon_steps": adm.horizon_steps,
+                        "current_exposure_s": adm.current_exposure_s,
                         "options": [o.to_dict() for o in adm.options],
                     }
                 event, trans_s, new_plan, executor = _controller_outcome(

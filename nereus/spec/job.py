@@ -24,6 +24,9 @@ class ControllerSpec:
     model_error: float = 0.05
     targets: int = 4  # candidate targets a replan plans transitions for (S* and cheaper ones)
     host_staging: bool = True  # stage model-stages through host memory where no DAG order fits
+    # weigh each plan's expected checkpoint/restart seconds once the pool has shrunk
+    # (nereus.control.exposure)
+    loss_exposure: bool = True
 
 
 PIPELINE_SPLITS = ("even", "uneven")
