@@ -226,7 +226,8 @@ def admit_opportunistic(
     for opt in options:
         delta = gain(opt)
         if delta <= 0.0 or math.isclose(delta, 0.0, abs_tol=1e-12):
-            verdicts.append(f"not faster than the current plan (dL = {delta:.3g} s)")
+            with_exp = ", exposure included" if opt.exposure_s or current_exposure_s else ""
+            verdicts.append(f"not faster than the current plan{with_exp} (dL = {delta:.3g} s)")
         elif opt.skipped:
             verdicts.append(opt.skipped)
         elif opt.transition is None:
