@@ -51,7 +51,10 @@ MARK = "NEREUS_DEVICE_CHECK_RUN"  # this run's token, inherited by every child p
 BUDGET_S = {"probe_torch": 10, "probe_mpi4py": 10, "a.build": 85, "a.correct": 25,
             "a.bandwidth": 40, "c": 45, "b.one": 45, "b.four": 65}
 PART_ORDER = ("a", "c", "b")
-HANG_LIMIT_S = 20  # --induce-hang: part (b)'s first run is known to hang; wait this long for it
+# --induce-hang: part (b)'s first run is known to hang: it is waited for this long once its rank
+# is stopped (not scaled: a stopped process does nothing a slower machine would do slower),
+# and until then for as long as that run may take (b.one's budget, scaled)
+HANG_LIMIT_S = 20
 
 
 class Check:
@@ -67,6 +70,7 @@ class Check:
             "cap_s": cap_s, "scale": scale, "budget_s": BUDGET_S, "marker": self.token,
             "order": []}
         self.child: subprocess.Popen[str] | None = None
+        self.hung_at: float | None = None  # when --induce-hang stopped the running child's rank
         self.log = open(out / "device_check.log", "a", encoding="utf-8")  # noqa: SIM115
 
     def say(self, text: str) -> None:
@@ -81,30 +85,46 @@ class Check:
         tmp.replace(self.out / "device_check.json")
 
     def budget(self, step: str) -> float:
-        limit = HANG_LIMIT_S if step == "b.hang" else BUDGET_S[step]
+        limit = BUDGET_S["b.one" if step == "b.hang" else step]
         return max(1.0, min(limit * self.scale, self.deadline - time.monotonic() - 2))
+
+    def hung(self) -> None:
+        """The running child's rank was stopped (``--induce-hang``): wait ``HANG_LIMIT_S`` more
+        at most."""
+        self.hung_at = time.monotonic()
 
     def run(self, cmd: list[str], step: str, env: dict[str, str] | None = None,
             on_start: Any = None) -> dict[str, Any]:
         """Run ``cmd`` in its own session within the step's budget; on time-out kill it and all
         it started. Returns exit code, output tails, seconds, whether it timed out."""
         limit = self.budget(step)
-        self.say(f"$ {' '.join(cmd)}   (limit {limit:.0f} s)")
+        self.say(f"$ {' '.join(cmd)}   (limit {limit:.0f} s"
+                 + (f"; {HANG_LIMIT_S} s once its rank is stopped)" if step == "b.hang" else ")"))
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=ROOT, env={**os.environ, **(env or {})},
                                 start_new_session=True)
-        self.child = proc
+        self.child, self.hung_at = proc, None
         if on_start is not None:
             on_start(proc)
         timed_out = False
         try:
-            out, err = proc.communicate(timeout=limit)
+            while True:  # in slices of at most 1 s: a stopped rank shortens the wait
+                end = t0 + limit
+                if self.hung_at is not None:
+                    end = min(end, self.hung_at + HANG_LIMIT_S)
+                try:
+                    out, err = proc.communicate(timeout=max(0.0, min(1.0, end - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= end:
+                        raise
         except subprocess.TimeoutExpired:
             timed_out = True
+            waited = time.monotonic() - t0
             left = self.kill(proc)
             out, err = proc.communicate()
-            self.say(f"  timed out after {limit:.0f} s: killed its process group"
+            self.say(f"  timed out after {waited:.0f} s: killed its process group"
                      + (f"; still alive: {left}" if left else " and every process it started"))
         finally:
             self.child = None

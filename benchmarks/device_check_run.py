@@ -69,6 +69,7 @@ def _stop_a_rank(chk: Any) -> Any:
                         if b"nereus.runtime.worker.main" in cmd:
                             time.sleep(2)  # past its start: inside the job
                             os.kill(pid, signal.SIGSTOP)
+                            chk.hung()  # the check waits HANG_LIMIT_S from here
                             chk.say(f"  induced hang: rank process {pid} stopped (SIGSTOP)")
                             return
                 time.sleep(0.2)

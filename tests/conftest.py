@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.failure_runs import six_rank_reference  # noqa: F401  (session fixture)
 from support.slurm_fixture import slurm_cluster  # noqa: F401  (session fixture: local 3-node Slurm)
 
 TESTS = Path(__file__).resolve().parent

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.failure_runs import JOB, failure_events, same_training, summary
+from support.failure_runs import failure_events, same_training, summary, two_step_job
 from support.paths import REPO
 
 from nereus.runtime.mpi.frames import KILL_ENV, POINTS
@@ -40,9 +40,6 @@ from nereus.spec.workflow import build_workflow
 pytestmark = [pytest.mark.mpi, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpiexec") is None,
                                  reason="needs mpiexec (the mpi extra)")]
-NODES, GPN = 3, 2
-CLUSTER = (f"cluster: {{nodes: {NODES}, gpus_per_node: {GPN}, gpu: cpu, "
-           "memory_per_gpu_gb: 0.5}\n")
 # kind → which message of that kind node 0 dies in (1-based, counted from the start of the run):
 # step 1's step broadcast, step 0's inference exchange, the measurements and order after step 0
 # (the order is the second plan message: the first is the initial plan), the first controller
@@ -62,9 +59,7 @@ CASES = ([(k, p) for k in KINDS for p in POINTS] if _CASES_ENV == "all"
 
 def _run(tmp: Path, name: str, runtime: str, kill: dict[str, Any] | None = None
          ) -> subprocess.CompletedProcess[str]:
-    cfg = tmp / f"{name}.yaml"
-    cfg.write_text(JOB + CLUSTER + f"runtime: {{steps: 2, timeout_s: 30, "
-                   f"save_state: {tmp / f'{name}.npz'}, {runtime}}}\n")
+    cfg = two_step_job(tmp, name, runtime)
     env = dict(os.environ)
     env.pop(KILL_ENV, None)
     if kill is not None:
@@ -75,12 +70,11 @@ def _run(tmp: Path, name: str, runtime: str, kill: dict[str, Any] | None = None
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any, Any]:
-    from nereus.log.reader import read_run_log
-
-    tmp = tmp_path_factory.mktemp("reference")
-    out = summary(_run(tmp, "ref", "adapt: false"))
-    return out, np.load(tmp / "ref.npz"), read_run_log(tmp / "ref.h5").initial_plan
+def reference(six_rank_reference: tuple[dict[str, Any], Any, Any]
+              ) -> tuple[dict[str, Any], Any, Any]:
+    """The uninterrupted run of the same job (``adapt: false``), shared with
+    slurm/test_failures_random.py (support.failure_runs.six_rank_reference)."""
+    return six_rank_reference
 
 
 def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:

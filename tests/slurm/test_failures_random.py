@@ -2,17 +2,24 @@
 never hangs (ULFM).
 
 One ``sbatch`` job on the local 3-node Slurm (two ranks per node, tiny PPO, 2 steps, a
-checkpoint before the first step and after every step) runs ``nereus run`` with srun once without failures and then once
-per moment, one after the other in the same allocation: a random node's ranks all die (SIGKILL,
+checkpoint before the first step and after every step) runs ``nereus run`` with srun once per
+moment, one after the other in the same allocation: a random node's ranks all die (SIGKILL,
 ``runtime.failures.kill``) a random time into step 0 or 1, or into the boundary after step 0.
-Each run must end (exit 0, within 180 s of the death) with the reference's rewards, lengths,
-losses and parameters; the state must come from the surviving replicas exactly when one of every
-model-stage survived (else from the checkpoint). ``NEREUS_FAILURE_MOMENTS`` sets the number of
-moments (default 8: every node, both steps and the boundary drawn; 20 for the longer draw); the
-draws are seeded (``NEREUS_FAILURE_SEED``, default 7). Runtime: about 40-60 s per moment on 2
-cores (6 ranks starting up dominate). With seed 7 and 20 moments 18 deaths are survived from
-replicas and 2 come after the run ended; deaths of the last copy (resume from the checkpoint)
-are covered by tests/mpi/test_failures.py.
+Each run must end (exit 0, within 180 s of the death) with the rewards, lengths, losses and
+parameters of the reference: the same job run without failures (the initial plan kept) on a
+local mpiexec, once per session and shared with tests/mpi/test_frames_kill.py
+(``support.failure_runs.six_rank_reference``; same seed, the same training under any launcher
+and plan, as with the Slurm preemption tests' local reference). The state must come from the
+surviving replicas exactly when one of every model-stage survived (else from the checkpoint).
+``NEREUS_FAILURE_MOMENTS`` sets the number of moments (default 3; 20 for the longer draw); the
+draws are seeded (``NEREUS_FAILURE_SEED``, default 7). The first three moments are drawn stratified: every node once, and each of step 0,
+step 1 and the boundary after step 0 once (which node dies where, and how long into it, drawn
+at random), so the default run covers every node, both steps and the boundary (as the former
+default of 8 uniform draws did, in 3 runs instead of 8); moments beyond the third are uniform
+draws. Runtime: about 40-60 s per moment on 2 cores (6 ranks starting up dominate). With seed
+7 and 20 uniform draws (the former scheme) 18 deaths were survived from replicas and 2 came
+after the run ended; deaths of the last copy (resume from the checkpoint) are covered by
+tests/mpi/test_failures.py.
 """
 
 from __future__ import annotations
@@ -28,23 +35,33 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.failure_runs import JOB, failure_events, same_training, summary
+from support.failure_runs import failure_events, same_training, summary, two_step_job
 from support.slurm_cluster import LocalSlurm, job_info, wait_for, wait_job
 
 from nereus.spec.workflow import build_workflow
 
 pytestmark = pytest.mark.slow
 NODES, GPN = 3, 2  # the local Slurm cluster's nodes; ranks per node (so replicas can survive)
-CLUSTER = (f"cluster: {{nodes: {NODES}, gpus_per_node: {GPN}, gpu: cpu, "
-           "memory_per_gpu_gb: 0.5}\n")
-MOMENTS = int(os.environ.get("NEREUS_FAILURE_MOMENTS", "8"))
+MOMENTS = int(os.environ.get("NEREUS_FAILURE_MOMENTS", "3"))
 SEED = int(os.environ.get("NEREUS_FAILURE_SEED", "7"))  # repeated runs draw other moments
+# the strata of the first moments: (step, phase) — both steps, and the boundary after step 0
+CELLS = ((0, "step"), (1, "step"), (0, "transition"))
 
 
 def _moments(n: int) -> list[tuple[int, int, str, float]]:
+    """(node, step, phase, seconds into it) of ``n`` deaths: the first max(NODES, len(CELLS))
+    stratified (every node once, every cell once, paired at random), the rest uniform."""
     rng = random.Random(SEED)
-    return [(rng.randrange(NODES), rng.randrange(2), rng.choice(("step", "step", "transition")),
-             round(rng.uniform(0.0, 1.5), 2)) for _ in range(n)]
+    nodes, cells = rng.sample(range(NODES), NODES), rng.sample(CELLS, len(CELLS))
+    out = []
+    for i in range(n):
+        if i < max(NODES, len(CELLS)):
+            node, (step, phase) = nodes[i % NODES], cells[i % len(CELLS)]
+        else:
+            node, step = rng.randrange(NODES), rng.randrange(2)
+            phase = rng.choice(("step", "step", "transition"))
+        out.append((node, step, phase, round(rng.uniform(0.0, 1.5), 2)))
+    return out
 
 
 def _batch_script(tmp: Path, runs: dict[str, str]) -> Path:
@@ -53,9 +70,7 @@ def _batch_script(tmp: Path, runs: dict[str, str]) -> Path:
     lines = ["#!/bin/bash", "set -u", "export OMP_NUM_THREADS=1 SLURM_NO_KILL=set",
              f"trap 'date +%s > {tmp / 'job.done'}' EXIT"]
     for name, runtime in runs.items():
-        cfg = tmp / f"{name}.yaml"
-        cfg.write_text(JOB + CLUSTER + f"runtime: {{steps: 2, timeout_s: 30, "
-                       f"save_state: {tmp / f'{name}.npz'}, {runtime}}}\n")
+        cfg = two_step_job(tmp, name, runtime)
         lines.append(f"srun --mpi=pmi2 --cpu-bind=none --kill-on-bad-exit=0 --no-kill "
                      f"{sys.executable} -m nereus run {cfg} --log {tmp / f'{name}.h5'} --json "
                      f"--timeout-s 300 > {tmp / f'{name}.out'} 2> {tmp / f'{name}.err'}; "
@@ -80,13 +95,12 @@ def _replica_survives(plan: dict[str, Any], dead: set[int]) -> bool:
     return not build_workflow("ppo").lost_stages(alive)
 
 
-@pytest.mark.timeout(2400)  # 1 + MOMENTS runs of 6 ranks: ~9 min for 8 on 2 shared cores
-def test_random_node_deaths_inside_a_slurm_allocation(slurm_cluster: LocalSlurm,
-                                                       tmp_path: Path) -> None:
-    from nereus.log.reader import read_run_log
-
+@pytest.mark.timeout(2400)  # MOMENTS runs of 6 ranks (+ the reference): ~3 min for 3 on 2 cores
+def test_random_node_deaths_inside_a_slurm_allocation(
+        slurm_cluster: LocalSlurm, tmp_path: Path,
+        six_rank_reference: tuple[dict[str, Any], Any, dict[str, Any]]) -> None:
     moments = _moments(MOMENTS)
-    runs = {"ref": "adapt: false"}
+    runs: dict[str, str] = {}
     for i, (node, step, phase, after_s) in enumerate(moments):
         runs[f"m{i}"] = (f"failures: {{checkpoint_every: 1, kill: [{{node: {node}, at_step: "
                          f"{step}, phase: {phase}, after_s: {after_s}}}]}}")
@@ -116,8 +130,7 @@ def test_random_node_deaths_inside_a_slurm_allocation(slurm_cluster: LocalSlurm,
     finally:
         slurm_cluster.run("scancel", job_id, check=False)
     assert info.state == "COMPLETED", (tmp_path / "job.txt").read_text()[-3000:]
-    ref, xref = summary(_result(tmp_path, "ref")), np.load(tmp_path / "ref.npz")
-    plan = read_run_log(tmp_path / "ref.h5").initial_plan
+    ref, xref, plan = six_rank_reference
     for i, (node, step, phase, after_s) in enumerate(moments):
         name = f"m{i}"
         res = _result(tmp_path, name)
