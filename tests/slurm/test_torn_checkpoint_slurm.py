@@ -64,6 +64,10 @@ def test_a_requeued_job_whose_newest_checkpoint_is_torn_resumes_from_the_one_bef
     # A requeued job waits cred_expire + 1 s (11 s here) before it may start again: hold it
     # meanwhile, so that the checkpoint is torn before the job can read it.
     slurm_cluster.run("scontrol", "hold", job_id)
+    # The requeue can be counted while the first instance's processes still end (COMPLETING,
+    # already held): only once they have may the checkpoint be torn, and the job must not run.
+    wait_for("the first instance to end",
+             lambda: job_info(slurm_cluster, job_id).state != "COMPLETING", 120)
     held = job_info(slurm_cluster, job_id)
     assert held.state == "PENDING", f"the requeued job started before it was held: {held}"
     folder = Path(f"{log}.ckpt")
