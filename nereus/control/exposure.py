@@ -33,7 +33,7 @@ from typing import Any
 
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
-from nereus.transition.fallbacks import checkpoint_restart_s, total_state_bytes
+from nereus.transition.fallbacks import checkpoint_restart_s, host_memory_blocker
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,7 @@ def restart_probability(setup: Setup, plan: ExecutionPlan, share: float) -> floa
     if share <= 0.0:
         return 0.0
     wf = setup.job.workflow
-    cl = setup.cluster
-    if cl.heterogeneous:
-        host = min((cl.gpu_of(g).host_memory_bytes for sp in plan.stages for g in sp.gpus),
-                   default=0)
-    else:
-        host = cl.gpu.host_memory_bytes
-    copies_rebuilt = total_state_bytes(setup) <= host
+    copies_rebuilt = not host_memory_blocker(setup, (g for sp in plan.stages for g in sp.gpus))
     survive = 1.0
     for sp in plan.stages:
         if copies_rebuilt and wf.copy_source(sp.name) is not None:

@@ -18,7 +18,7 @@ the controller can weigh them like any other transition (DESIGN.md §2.1):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from nereus.cost.calibration import Calibration
 from nereus.spec.job import Setup
@@ -73,10 +73,19 @@ def gather_reload_blocker(setup: Setup, current: ExecutionPlan,
          for sp in current.stages})
     if lost:
         return f"every replica of {', '.join(lost)} was lost"
+    return host_memory_blocker(setup, sorted(alive) if alive is not None
+                               else setup.cluster.all_gpus())
+
+
+def host_memory_blocker(setup: Setup, gpus: Iterable[int]) -> str:
+    """Why the ranks of ``gpus`` cannot hold the whole logical state each, as gather-and-reload
+    needs ("" when they can)."""
     need = total_state_bytes(setup)
     cl = setup.cluster
-    gpus = sorted(alive) if alive is not None else list(cl.all_gpus())
-    host = min((cl.gpu_of(g).host_memory_bytes for g in gpus), default=0)
+    if cl.groups:  # several hardware types: the smallest host memory among these GPUs
+        host = min((cl.gpu_of(g).host_memory_bytes for g in gpus), default=0)
+    else:
+        host = cl.gpu.host_memory_bytes if any(True for _ in gpus) else 0
     if need > host:
         return (f"gather-and-reload needs the whole state ({need / 1e9:.1f} GB) in every "
                 f"rank's host memory ({host / 1e9:.1f} GB per device)")

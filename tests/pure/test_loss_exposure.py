@@ -4,13 +4,12 @@ while a plan runs, zero on a pool that never changed."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.staged_cases import ISSUE_SETUP, SETUP
+from support.staged_cases import SETUP
 
 from nereus.config.job import parse_controller
 from nereus.control.admission import (
@@ -19,7 +18,7 @@ from nereus.control.admission import (
     admit_urgent,
     plan_lazily,
 )
-from nereus.control.controller import ControllerState, controller_step
+from nereus.control.controller import ControllerState, PlanEvaluation, controller_step
 from nereus.control.exposure import (
     PoolHistory,
     exposure_s,
@@ -29,7 +28,7 @@ from nereus.control.exposure import (
 from nereus.control.signals import Observation
 from nereus.spec.job import ControllerSpec
 from nereus.spec.plan import ExecutionPlan, StagePlan
-from nereus.transition.fallbacks import checkpoint_restart_s
+from nereus.transition.fallbacks import checkpoint_restart_s, total_state_bytes
 from nereus.transition.planned import PlannedTransition
 
 NODE0, NODE1 = (0, 1, 2, 3), (4, 5, 6, 7)  # SETUP: 2 nodes of 4 GPUs
@@ -146,9 +145,7 @@ class _Port:
         self.packed, self.spread = packed, spread
         self.exposure_calls = 0
 
-    def evaluate(self, plan: ExecutionPlan, obs: Observation):  # type: ignore[no-untyped-def]
-        from nereus.control.controller import PlanEvaluation
-
+    def evaluate(self, plan: ExecutionPlan, obs: Observation) -> PlanEvaluation:
         return PlanEvaluation({self.packed: 9.0, self.spread: 9.5}.get(plan, 12.0), True)
 
     def options(self, obs: Observation, current: ExecutionPlan | None
@@ -217,5 +214,6 @@ def test_a_spot_trace_shrink_is_survived_with_exposure_and_restarts_without() ->
     restarts = [sum(r.event == "restart" for r in res.records) for res in (on, off)]
     assert restarts[0] < restarts[1]
     assert on.mean_step_s < off.mean_step_s
-    assert math.isfinite(on.mean_step_s)
-    assert ISSUE_SETUP.cluster.gpu.host_memory_bytes < 273e9  # copies count there too
+    # the whole state exceeds a rank's host memory: a lost frozen copy restarts the job too
+    setup = sc.setup()
+    assert total_state_bytes(setup) > setup.cluster.gpu.host_memory_bytes
