@@ -18,10 +18,10 @@ runs (:class:`PoolHistory`; the wait for a first feasible pool does not count):
 - a replica is lost when any of its nodes goes; replicas on the same nodes fall together and
   replicas on different nodes independently, so a model-stage loses every replica with
   probability ∏ over its distinct node sets of 1 − (1 − share)^|nodes|;
-- the recovery rebuilds a frozen copy (actor-gen, critic-inf) from its source where
-  gather-and-reload can run (:meth:`nereus.spec.workflow.Workflow.copy_source`), so then only
-  the other model-stages count; where it cannot (the whole state exceeds a rank's host memory),
-  every model-stage does;
+- a frozen copy (actor-gen, critic-inf: :meth:`nereus.spec.workflow.Workflow.copy_source`)
+  that loses every replica is rebuilt from its source after the change's DAG
+  (:mod:`nereus.transition.rebuild`), so only the other model-stages count (a copy lost with
+  its source restarts through the source);
 - exposure = P(a shrink within H steps) · P(restart | a shrink) · the checkpoint/restart's
   seconds (:func:`nereus.transition.fallbacks.checkpoint_restart_s`).
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
-from nereus.transition.fallbacks import checkpoint_restart_s, host_memory_blocker
+from nereus.transition.fallbacks import checkpoint_restart_s
 
 
 @dataclass(frozen=True)
@@ -105,10 +105,9 @@ def restart_probability(setup: Setup, plan: ExecutionPlan, share: float) -> floa
     if share <= 0.0:
         return 0.0
     wf = setup.job.workflow
-    copies_rebuilt = not host_memory_blocker(setup, (g for sp in plan.stages for g in sp.gpus))
     survive = 1.0
     for sp in plan.stages:
-        if copies_rebuilt and wf.copy_source(sp.name) is not None:
+        if wf.copy_source(sp.name) is not None:  # rebuilt from its source
             continue
         survive *= 1.0 - stage_loss_probability(setup, sp.replicas, share)
     return 1.0 - survive

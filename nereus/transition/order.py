@@ -26,7 +26,8 @@ class PlanChangeOrder:
     memory around the DAG of the others), or (``dag`` and ``staged`` None) why the state is
     gathered and reloaded instead. ``predicted_s`` is L̂_tran of that same planned transition;
     ``compilations`` how often rank 0 planned it (once: the decision carries it from admission
-    to the ranks)."""
+    to the ranks). ``rebuilt``: frozen copies whose every replica left the pool, built after
+    the DAG (or staged change) from their sources (:mod:`nereus.transition.rebuild`)."""
 
     target: ExecutionPlan
     pool: tuple[int, ...]
@@ -36,6 +37,7 @@ class PlanChangeOrder:
     reason: str = ""
     compilations: int = 1
     staged: StagedTransition | None = None
+    rebuilt: tuple[str, ...] = ()  # frozen copies built after the DAG from their sources
 
     @staticmethod
     def of(target: ExecutionPlan, pool: Sequence[int], kind: str, planned: PlannedTransition,
@@ -43,14 +45,16 @@ class PlanChangeOrder:
         dag = planned.dag if planned.executor == "dag" else None
         reason = planned.staged.reason if planned.staged is not None else planned.restart_reason
         return PlanChangeOrder(target, tuple(pool), kind, planned.cost_s, dag, reason,
-                               compilations, planned.staged)
+                               compilations, planned.staged,
+                               tuple(rb.model_stage for rb in planned.rebuilt))
 
     def to_wire(self) -> dict[str, Any]:
         return {"plan": self.target.to_dict(), "pool": list(self.pool), "kind": self.kind,
                 "predicted_s": self.predicted_s,
                 "dag": None if self.dag is None else dag_to_wire(self.dag),
                 "reason": self.reason, "compilations": self.compilations,
-                "staged": None if self.staged is None else staged_to_wire(self.staged)}
+                "staged": None if self.staged is None else staged_to_wire(self.staged),
+                "rebuilt": list(self.rebuilt)}
 
     @staticmethod
     def from_wire(d: dict[str, Any]) -> PlanChangeOrder:
@@ -59,4 +63,5 @@ class PlanChangeOrder:
                                str(d["kind"]), float(d["predicted_s"]),
                                None if d["dag"] is None else dag_from_wire(d["dag"]),
                                str(d["reason"]), int(d["compilations"]),
-                               None if staged is None else staged_from_wire(staged))
+                               None if staged is None else staged_from_wire(staged),
+                               tuple(str(n) for n in d.get("rebuilt", ())))

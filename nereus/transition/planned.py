@@ -37,6 +37,7 @@ from nereus.transition.reference.compile import compile_transition
 from nereus.transition.residency import ConflictSpec
 
 if TYPE_CHECKING:
+    from nereus.transition.rebuild import CopyRebuild
     from nereus.transition.staged import StagedTransition
 
 EXECUTORS = ("dag", "staged", "gather-reload", "restart")
@@ -50,7 +51,8 @@ class PlannedTransition:
     reference compiler's DAG) is set; :attr:`dag` is the per-primitive DAG either way (equal to
     what the reference compiler returns), built on first use. A host-staged change
     (``staged``, :mod:`nereus.transition.staged`): some model-stages' state parked in host
-    memory around the DAG of the others. No DAG at all (``restart_reason``): gather-and-reload
+    memory around the DAG of the others. Either may be followed by ``rebuilt`` frozen copies
+    whose every replica was lost, filled from their source. No DAG at all (``restart_reason``): gather-and-reload
     in process, or (``checkpoint``) a checkpoint/restart (:mod:`nereus.transition.fallbacks`)."""
 
     cost_s: float
@@ -59,6 +61,9 @@ class PlannedTransition:
     restart_reason: str = ""  # no DAG: the runtime gathers and reloads the state (cost_s: that)
     staged: StagedTransition | None = None
     checkpoint: bool = False  # no DAG and no gather-and-reload: checkpoint/restart
+    # frozen copies lost with their units, built after the DAG (or staged change) from their
+    # source's target units (:mod:`nereus.transition.rebuild`); their cost is in cost_s
+    rebuilt: tuple[CopyRebuild, ...] = ()
 
     @staticmethod
     def restart(cost_s: float, reason: str) -> PlannedTransition:

@@ -63,16 +63,21 @@ def test_a_stage_is_lost_when_every_distinct_node_set_of_its_replicas_is_hit() -
     assert stage_loss_probability(SETUP, two_nodes, 0.0) == 0.0
 
 
-def test_copies_count_only_where_gather_and_reload_cannot_rebuild_them() -> None:
+def test_a_copy_counts_only_through_its_source() -> None:
     gen_on_1 = StagePlan("actor-gen", 1, 1, 4, 1, 2, replicas=tuple((g,) for g in NODE1))
     train_spread = StagePlan("actor-train", 1, 4, 2, 1, 4, replicas=(NODE0, NODE1))
     plan = ExecutionPlan((gen_on_1, train_spread))
-    # SETUP's host memory holds the whole state: a lost actor-gen comes back from actor-train
+    # a lost actor-gen is rebuilt from actor-train after the DAG (nereus.transition.rebuild):
+    # only actor-train's loss (both nodes, 0.25) restarts, whatever the host memory
     assert restart_probability(SETUP, plan, 0.5) == pytest.approx(0.25)
     small = replace(SETUP, cluster=replace(SETUP.cluster, gpu=replace(
         SETUP.cluster.gpu, host_memory_bytes=1)))
-    # no room to gather: losing actor-gen's node restarts the job too
-    assert restart_probability(small, plan, 0.5) == pytest.approx(1 - 0.5 * 0.75)
+    assert restart_probability(small, plan, 0.5) == pytest.approx(0.25)
+    gen_spread = replace(gen_on_1, replicas=((0,), (1,), (4,), (5,)))
+    train_on_1 = replace(train_spread, dp=1, replicas=(NODE1,))
+    # a trained model-stage on one node: its loss restarts the job (its copy cannot help)
+    assert restart_probability(SETUP, ExecutionPlan((gen_spread, train_on_1)), 0.5) \
+        == pytest.approx(0.5)
 
 
 def test_exposure_is_zero_until_the_pool_changes_and_grows_with_the_horizon() -> None:

@@ -5,7 +5,9 @@ with the target plan, in one :class:`~nereus.runtime.rank0.loop.PlanChangeOrder`
 its DAG's primitives (:func:`nereus.runtime.execution.dag.run_dag`): units that survive the
 change keep their tensors (and groups), new ones receive exactly the bytes whose owner changes;
 the DP groups of every model-stage whose replicas stay are kept too, so a change of batch split
-only (a DAG without primitives) creates no process group at all. When the
+only (a DAG without primitives) creates no process group at all. Frozen copies whose every
+replica left the pool while their trained source kept one (``order.rebuilt``) are built after
+the DAG and filled by the weight sync from the source's new units. When the
 order stages some model-stages through host memory (no order of the plain DAG fits device
 memory), every rank runs the three legs of :mod:`nereus.runtime.execution.host_stage`. When no
 DAG exists — every replica of some model-stage sat on removed ranks — the order says why
@@ -76,11 +78,19 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
     if device is not None:
         device.release_memory()  # what the DAG dropped goes back to the device
     new = PlanUnits(setup, target, rank, timeout_s, lr, {}, {}, store, namespace, adopted=final,
-                    device=device, kept_dp=kept_dp)
+                    device=device, kept_dp=kept_dp, rebuilt=order.rebuilt)
     prims = [{"index": p.index, "kind": p.kind, "model_stage": p.model_stage, "wave": p.wave,
               "bytes": p.bytes_moved} for p in run.primitives]
-    return new, PlanChange("dag", run.bytes_moved, waves=run.waves, primitives=prims,
-                           transports=run.transports)
+    return new, PlanChange("dag", run.bytes_moved + new.rebuilt_bytes, rebuilt_reason(order),
+                           waves=run.waves, primitives=prims, transports=run.transports)
+
+
+def rebuilt_reason(order: PlanChangeOrder) -> str:
+    """What the log says of the frozen copies the change rebuilt from their sources."""
+    if not order.rebuilt:
+        return order.reason
+    why = f"{', '.join(order.rebuilt)} lost every replica: rebuilt from the trained source"
+    return f"{order.reason}; {why}" if order.reason else why
 
 
 def _change_staged(units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
@@ -104,10 +114,11 @@ def _change_staged(units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
     if device is not None:
         device.release_memory()
     new = PlanUnits(setup, order.target, rank, timeout_s, lr, {}, {}, store, namespace,
-                    adopted=final, device=device, kept_dp=kept_dp)
+                    adopted=final, device=device, kept_dp=kept_dp, rebuilt=order.rebuilt)
     prims = [{"index": p.index, "kind": p.kind, "model_stage": p.model_stage, "wave": p.wave,
               "bytes": p.bytes_moved} for p in run.dag.primitives]
-    return new, PlanChange("staged", run.dag.bytes_moved, order.reason, waves=run.dag.waves,
+    return new, PlanChange("staged", run.dag.bytes_moved + new.rebuilt_bytes,
+                           rebuilt_reason(order), waves=run.dag.waves,
                            primitives=prims, transports=run.dag.transports,
                            host_bytes=run.host_bytes)
 

@@ -14,7 +14,7 @@ transfer machinery (``nereus.runtime.execution.torch_executor.TorchExecutor.weig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -87,7 +87,8 @@ class PlanUnits:
                  local: Mapping[Emu, LocalCopy] | None = None,
                  zero: DeepSpeedOptions | None = None, zero_names: tuple[str, ...] = (),
                  zero_sources: Mapping[str, ZeroSource] | None = None,
-                 kept_dp: Mapping[str, Any] | None = None) -> None:
+                 kept_dp: Mapping[str, Any] | None = None,
+                 rebuilt: Collection[str] = ()) -> None:
         """Build the plan's units from ``globs``/``counters``, or — when ``adopted`` is given
         (after a transition DAG, on every rank) — take this rank's units of the plan from it:
         then no unit group is created (the DAG made them), only the DP groups. ``device``: this
@@ -98,7 +99,10 @@ class PlanUnits:
         (:mod:`nereus.runtime.worker.zero_units`); ``zero_sources``: the running plan's,
         kept where the stage plan is the same, else re-partitioned live into the new one.
         ``kept_dp``: the DP groups of the running plan's model-stages whose replicas the plan
-        keeps (:meth:`handover_dp`; None on ranks outside them), adopted instead of created."""
+        keeps (:meth:`handover_dp`; None on ranks outside them), adopted instead of created.
+        ``rebuilt``: frozen copies the transition left no unit of (every replica was lost, their
+        trained source kept one: :mod:`nereus.transition.rebuild`), built here and filled by
+        the weight sync from their source's units (``rebuilt_bytes``: what that moved)."""
         self.device = device
         self.setup = setup
         self.plan = plan
@@ -124,7 +128,7 @@ class PlanUnits:
                 self.stages[sp.name] = su
                 continue
             for dp_rank, emu in enumerate(su.emus):
-                if adopted is not None:
+                if adopted is not None and sp.name not in rebuilt:
                     if global_rank not in emu.gpus:
                         continue
                     if emu not in adopted:
@@ -139,6 +143,11 @@ class PlanUnits:
                 if groups is None:
                     continue
                 self._groups += _groups_of(groups)
+                if sp.name in rebuilt:  # its values come from the weight sync below
+                    st = new_unit_state(spec, emu, global_rank, groups, lr=lr, device=device)
+                    enable_kv_cache(st.model, groups.tp)
+                    su.mine[dp_rank] = st
+                    continue
                 # on a GPU the values come from the logical state alone (load_global below)
                 if local is not None:
                     values, (lc, adam) = local[emu]
@@ -170,6 +179,7 @@ class PlanUnits:
                         su.dp_group = g
                         self._groups.append(g)
             self.stages[sp.name] = su
+        self.rebuilt_bytes = self.sync_weights(only=rebuilt) if rebuilt else 0
 
     def _zero_stage(self, su: StageUnits, spec: ModelSpec, lr: float, globs: dict[str, Glob],
                     c: Counters, adam_step: float, source: ZeroSource | None) -> None:
@@ -220,13 +230,16 @@ class PlanUnits:
     def units(self) -> list[UnitState]:
         return [st for su in self.stages.values() for st in su.mine.values()]
 
-    def sync_weights(self) -> int:
+    def sync_weights(self, only: Collection[str] | None = None) -> int:
         """Copy parameters of every trained model-stage into its frozen copy (EMU transfer
-        plan, one field); returns the bytes this plan moves between ranks."""
+        plan, one field), or into the copies in ``only``; returns the bytes this plan moves
+        between ranks."""
         moved = 0
         self.sync_transports = {}
         for src, dst in SYNCS:
             if src not in self.stages or dst not in self.stages:
+                continue
+            if only is not None and dst not in only:
                 continue
             spec = spec_of(self.setup, src)
             s_units, d_units = self.stages[src], self.stages[dst]
