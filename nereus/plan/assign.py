@@ -25,6 +25,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from nereus.errors import InfeasiblePlanError
 from nereus.plan.candidates import granule, powers_of_two
 from nereus.spec.job import Setup
@@ -207,12 +209,60 @@ def _assign(
     return ExecutionPlan(stages)
 
 
+def _placement_ok(gpn: int, plan: ExecutionPlan, pool: Sequence[int], wf: Workflow) -> bool:
+    """True only where :func:`placement_errors` finds nothing (its rules on arrays: a search's
+    plan at thousands of GPUs is checked in a fraction of the loop's time); False where some
+    rule may be broken, which the loop then names."""
+    if sorted(plan.names) != sorted(wf.names) or not pool:
+        return False
+    top = max(max(pool), max((g for sp in plan.stages for g in sp.gpus), default=0)) + 1
+    in_pool = np.zeros(top, dtype=bool)
+    in_pool[np.asarray(pool, dtype=np.int64)] = True
+    masks: dict[str, np.ndarray] = {}
+    for sp in plan.stages:
+        size = sp.tp * sp.pp
+        if len(sp.replicas) != sp.dp or any(len(rep) != size for rep in sp.replicas):
+            return False
+        a = np.asarray(sp.replicas, dtype=np.int64).reshape(sp.dp, size)
+        m = np.zeros(top, dtype=bool)
+        if a.size:
+            flat = a.reshape(-1)
+            if flat.min() < 0 or not in_pool[flat].all():
+                return False
+            m[flat] = True
+            if int(m.sum()) != flat.size:  # a GPU twice: in a replica or across replicas
+                return False
+            nodes = a // gpn
+            if size <= gpn:
+                if (nodes.min(axis=1) != nodes.max(axis=1)).any():
+                    return False
+            else:
+                groups = nodes.reshape(sp.dp, sp.pp, sp.tp)
+                if (groups != groups[:, :, :1]).any():
+                    return False
+        masks[sp.name] = m
+    names = list(masks)
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            if wf.concurrent(x, y) and (masks[x] & masks[y]).any():
+                return False
+    return True
+
+
 def placement_errors(
     setup: Setup, plan: ExecutionPlan, pool: Sequence[int], workflow: Workflow | None = None
 ) -> list[str]:
     """Every broken placement rule of ``plan`` on ``pool`` (empty: the plan is valid)."""
     gpn = setup.cluster.gpus_per_node
     wf = workflow if workflow is not None else setup.job.workflow
+    if _placement_ok(gpn, plan, pool, wf):
+        return []
+    return _placement_loop(gpn, plan, pool, wf)
+
+
+def _placement_loop(gpn: int, plan: ExecutionPlan, pool: Sequence[int], wf: Workflow
+                    ) -> list[str]:
+    """:func:`placement_errors` rule by rule, naming each broken one."""
     in_pool = set(pool)
     errors: list[str] = []
     if sorted(plan.names) != sorted(wf.names):

@@ -138,3 +138,63 @@ def test_placement_errors_catch_broken_plans() -> None:
     if gen.tp >= 2:
         assert any("spans nodes" in e for e in placement_errors(setup, broken, pool))
     assert placement_errors(setup, res.plan, pool[:-1])  # a GPU outside the pool
+
+
+def _mutations(plan: ExecutionPlan, pool: tuple[int, ...], gpn: int) -> list[ExecutionPlan]:
+    """Plans that break one placement rule each (where the plan has room to break it)."""
+    out = []
+    stages = list(plan.stages)
+    for i, sp in enumerate(stages):
+        reps = [list(r) for r in sp.replicas]
+        if not reps or not reps[0]:
+            continue
+
+        def with_reps(new: list[list[int]], i: int = i, sp: StagePlan = sp) -> ExecutionPlan:
+            st = list(stages)
+            st[i] = StagePlan.place(sp.candidate, tuple(tuple(r) for r in new))
+            return ExecutionPlan(tuple(st))
+
+        outside = max(pool) + 1 + gpn  # a GPU not in the pool, on another node
+        out.append(with_reps([[outside, *reps[0][1:]], *reps[1:]]))
+        if len(reps[0]) > 1:  # a GPU twice in a replica
+            out.append(with_reps([[reps[0][0], reps[0][0], *reps[0][2:]], *reps[1:]]))
+            moved = [g for g in pool if g // gpn != reps[0][0] // gpn]
+            if moved:  # a replica (or TP group) across nodes
+                out.append(with_reps([[reps[0][0], moved[0], *reps[0][2:]], *reps[1:]]))
+        if len(reps) > 1:  # two replicas sharing a GPU
+            out.append(with_reps([reps[0], [reps[0][0], *reps[1][1:]], *reps[2:]]))
+            out.append(with_reps(reps[:-1]))  # fewer replicas than dp
+        for j, other in enumerate(stages):  # another model-stage's GPU (concurrent or not)
+            if j != i and other.replicas:
+                out.append(with_reps([[other.replicas[0][0], *reps[0][1:]], *reps[1:]]))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_array_check_agrees_with_the_rules_one_by_one(data: st.DataObject) -> None:
+    """placement_errors' array check (the search's hot path at thousands of GPUs) passes a plan
+    only where the rule-by-rule loop finds nothing, and passes every plan the placement makes."""
+    from nereus.plan.assign import _placement_loop, _placement_ok
+
+    setup = data.draw(setups(max_nodes=4, gpus_per_node=(1, 2, 3, 4, 8), max_batch=16,
+                             memory_factors=(3.0, 8.0)))
+    pool = data.draw(pools(setup))
+    try:
+        problem = problem_of(setup, pool)
+    except InfeasiblePlanError:
+        assume(False)
+        return
+    choice = random_feasible_choice(problem, data.draw(st.integers(0, 10**6)))
+    assume(choice is not None)
+    assert choice is not None
+    plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool)
+    gpn, wf = setup.cluster.gpus_per_node, setup.job.workflow
+    assert _placement_ok(gpn, plan, pool, wf) and _placement_loop(gpn, plan, pool, wf) == []
+    broken = 0
+    for bad in _mutations(plan, tuple(pool), gpn):
+        loop = _placement_loop(gpn, bad, pool, wf)
+        assert not (_placement_ok(gpn, bad, pool, wf) and loop), loop  # never passes a broken one
+        assert placement_errors(setup, bad, pool) == loop
+        broken += bool(loop)
+    assert broken > 0 or not _mutations(plan, tuple(pool), gpn)
