@@ -18,9 +18,11 @@ Without it such a change needs gather-and-reload, which puts the whole logical s
 rank's host memory (273 GB for an 8B PPO job: more than a node has), so at scale it was a
 checkpoint/restart. Costs (seconds, after the first leg): per copy target unit a communicator
 and a unit build, and the busiest GPU's transfer — each copy unit reads its shards from one
-source unit (assigned round-robin over the source's replicas, fewest readers first), at the
-intra-node link when the two units share their nodes, else the inter-node link; a GPU's time
-is the larger of what it sends and what it receives. Device memory: the rest's DAG is checked
+source unit (the one sharing most of its nodes, the fewest readers first), at the slowest link
+between the two units' nodes; a GPU's time is the larger of what it sends and what it
+receives. The ranks' weight sync may read from several source units (its transfer plan's own
+choice); the estimate is not calibrated from such changes (their measured time includes the
+sync, which no DAG feature holds). Device memory: the rest's DAG is checked
 by its compiler; the end state (every target unit) must fit each GPU.
 """
 

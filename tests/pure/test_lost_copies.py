@@ -101,3 +101,28 @@ def test_a_copy_lost_with_its_source_needs_the_checkpoint() -> None:
         SETUP, current, NODE0)
     planned = plan_change(SETUP, current, TARGET, NODE0)
     assert planned.executor == "restart" and planned.checkpoint
+
+
+def test_a_change_that_rebuilt_copies_is_no_sample_of_the_dag_rates() -> None:
+    """The measured time of such a change holds the copies' weight sync, which no DAG feature
+    prices: rank 0 takes no transition sample from it (it does from the same DAG alone)."""
+    from pathlib import Path
+
+    from nereus.config.load import load_config
+    from nereus.config.run import parse_runtime
+    from nereus.runtime.rank0.controller import RankZeroController
+    from nereus.runtime.rank0.loop import RankZero
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "ppo-tiny-cpu.yaml"
+    cfg = load_config(str(example))
+    rc, setup = parse_runtime({**cfg.section("runtime"), "events": []}, cfg.setup, ranks=8)
+    ctl = RankZeroController(setup, adapt=True)
+    rz = RankZero(ctl, recorder=None, rc=rc)  # type: ignore[arg-type]
+    current = ExecutionPlan((GEN_ON_1, TRAIN_ON_BOTH))
+    order = PlanChangeOrder.of(TARGET, NODE0, "urgent", plan_change(SETUP, current, TARGET, NODE0),
+                               1)
+    assert order.rebuilt and order.dag is not None
+    rz.transition_done(order, 0.5, "dag", 10**6)
+    assert ctl.transition_samples == []
+    rz.transition_done(replace(order, rebuilt=()), 0.5, "dag", 10**6)
+    assert len(ctl.transition_samples) == 1

@@ -273,6 +273,8 @@ class RankZero:
         """A plan change ran in ``measured_s``: a sample of the transition rates
         (:func:`nereus.transition.cost.path_features`), fitted at the next boundary."""
         ctl = self.ctl
+        if order.rebuilt:  # the copies' weight sync ran inside the measured time: no DAG sample
+            return
         got = transition_sample(order.dag, executor, moved_bytes,
                                 sum(sp.dp for sp in order.target.stages), ctl.setup.cluster,
                                 ctl.calib, measured_s)
