@@ -291,45 +291,77 @@ def gpu_memory(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> dict[in
     add; phases of a lane take turns (max); model-stages of a phase on the same GPU add.
     """
     workflow = setup.job.workflow
-    # One entry per (model-stage, position in a replica). GPUs holding the same entries have the
-    # same peak, computed once (thousands of GPUs, a few distinct sets).
+    entries, columns, firsts, widths = memory_entries(setup, plan, calib)
+    if not columns:
+        return {}
+    return gpu_memory_grouped(workflow, entries, columns, firsts, widths)
+
+
+Entries = tuple[list[Entry], list[np.ndarray], list[int], list[int]]
+
+
+def memory_entries(setup: Setup, plan: ExecutionPlan, calib: Calibration) -> Entries:
+    """One entry per (model-stage, position in a replica), and per model-stage: the GPU of every
+    position of every replica, its first entry id, its positions per replica (tp·pp)."""
+    workflow = setup.job.workflow
     entries: list[Entry] = []
-    columns: list[np.ndarray] = []  # per model-stage: the GPU of every position of every replica
-    firsts: list[int] = []  # per model-stage: its first entry id
-    widths: list[int] = []  # per model-stage: positions per replica (tp·pp)
+    columns: list[np.ndarray] = []
+    firsts: list[int] = []
+    widths: list[int] = []
     for sp in plan.stages:
         try:
             ms = workflow.by_name(sp.name)
         except KeyError:
             raise ConfigError("plan.stages", sp.name, "not a model-stage of the workflow") from None
         width = sp.tp * sp.pp
-        if len(sp.replicas) != sp.dp or any(len(r) != width for r in sp.replicas):
+        try:
+            placed = (np.asarray(sp.replicas, dtype=np.int64) if sp.replicas
+                      else np.zeros((0, width), dtype=np.int64))
+        except ValueError:  # replicas of different sizes
+            placed = np.zeros((0, 0), dtype=np.int64)
+        if len(sp.replicas) != sp.dp or placed.shape != (sp.dp, width):
             raise ConfigError(f"plan.{sp.name}.replicas", sp.replicas, "plan is not placed")
         per_rank = [rank_memory(setup, ms, sp.candidate, calib, i) for i in range(sp.pp)]
         first = len(entries)
         for pos in range(width):
             pp_rank, tp_rank = divmod(pos, sp.tp)
             entries.append((ms, per_rank[pp_rank], (sp.tp, sp.pp, pp_rank, tp_rank)))
-        columns.append(np.asarray(sp.replicas, dtype=np.int64).reshape(-1))
+        columns.append(placed.reshape(-1))
         firsts.append(first)
         widths.append(width)
-    # held[g, s]: the entry of model-stage s on GPU g, -1 where none (a GPU holds at most one
-    # position of a model-stage in a valid plan; else the slow path below counts every one)
-    used = np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64)
+    return entries, columns, firsts, widths
+
+
+def gpu_memory_grouped(workflow: Workflow, entries: list[Entry], columns: list[np.ndarray],
+                     firsts: list[int], widths: list[int], key_limit: int = 2**62
+                     ) -> dict[int, int]:
+    """:func:`gpu_memory` where no GPU holds two positions of one model-stage (a valid plan):
+    GPUs holding the same entries have the same peak, computed once (thousands of GPUs, a few
+    distinct sets)."""
+    # held[g, s]: the entry of model-stage s on GPU g, -1 where none
+    used = np.concatenate(columns)
     if used.size == 0:
         return {}
     held = np.full((int(used.max()) + 1, len(columns)), -1, dtype=np.int64)
     for s_idx, (gpus, first, width) in enumerate(zip(columns, firsts, widths, strict=True)):
         if np.unique(gpus).size != gpus.size:
-            return _gpu_memory_slow(workflow, entries, columns, firsts, widths)
+            return gpu_memory_each(workflow, entries, columns, firsts, widths)
         held[gpus, s_idx] = first + np.arange(gpus.size, dtype=np.int64) % width
     rows = np.flatnonzero((held >= 0).any(axis=1))
-    sigs, inverse = np.unique(held[rows], axis=0, return_inverse=True)
-    peaks = [_peak_bytes(workflow, [entries[int(e)] for e in sig if e >= 0]) for sig in sigs]
-    return {int(g): peaks[int(k)] for g, k in zip(rows, inverse.reshape(-1), strict=True)}
+    sub = held[rows]
+    base = len(entries) + 1
+    if base ** len(columns) < key_limit:  # one integer per GPU's entries: a 1-d unique
+        keys = (sub + 1) @ (base ** np.arange(len(columns), dtype=np.int64))
+        _, first_row, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        sigs = sub[first_row]
+    else:
+        sigs, inverse = np.unique(sub, axis=0, return_inverse=True)
+    peaks = np.asarray([_peak_bytes(workflow, [entries[int(e)] for e in sig if e >= 0])
+                        for sig in sigs], dtype=np.int64)
+    return dict(zip(rows.tolist(), peaks[inverse.reshape(-1)].tolist(), strict=True))
 
 
-def _gpu_memory_slow(workflow: Workflow, entries: list[Entry], columns: list[np.ndarray],
+def gpu_memory_each(workflow: Workflow, entries: list[Entry], columns: list[np.ndarray],
                      firsts: list[int], widths: list[int]) -> dict[int, int]:
     """:func:`gpu_memory` where some GPU holds two positions of one model-stage (a plan that
     placement checks reject; every entry counts)."""

@@ -209,7 +209,7 @@ def _assign(
     return ExecutionPlan(stages)
 
 
-def _placement_ok(gpn: int, plan: ExecutionPlan, pool: Sequence[int], wf: Workflow) -> bool:
+def placement_ok(gpn: int, plan: ExecutionPlan, pool: Sequence[int], wf: Workflow) -> bool:
     """True only where :func:`placement_errors` finds nothing (its rules on arrays: a search's
     plan at thousands of GPUs is checked in a fraction of the loop's time); False where some
     rule may be broken, which the loop then names."""
@@ -255,12 +255,12 @@ def placement_errors(
     """Every broken placement rule of ``plan`` on ``pool`` (empty: the plan is valid)."""
     gpn = setup.cluster.gpus_per_node
     wf = workflow if workflow is not None else setup.job.workflow
-    if _placement_ok(gpn, plan, pool, wf):
+    if placement_ok(gpn, plan, pool, wf):
         return []
-    return _placement_loop(gpn, plan, pool, wf)
+    return placement_rule_errors(gpn, plan, pool, wf)
 
 
-def _placement_loop(gpn: int, plan: ExecutionPlan, pool: Sequence[int], wf: Workflow
+def placement_rule_errors(gpn: int, plan: ExecutionPlan, pool: Sequence[int], wf: Workflow
                     ) -> list[str]:
     """:func:`placement_errors` rule by rule, naming each broken one."""
     in_pool = set(pool)

@@ -325,3 +325,30 @@ def test_breakdown_and_latency_records_round_trip() -> None:
         MemoryBreakdown.from_dict({**b.to_dict(), "weights_bytes": -1})
     with pytest.raises(ConfigError):
         StageLatency.from_dict({"name": "x"})
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layouts=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+                  st.integers(0, 15), st.booleans()),
+        min_size=6, max_size=6,
+    ),
+    key_limit=st.sampled_from([2**62, 0]),
+)
+def test_gpu_memory_groups_gpus_exactly(layouts: list[tuple[int, int, int, int, bool]],
+                                        key_limit: int) -> None:
+    """The per-GPU peaks computed once per distinct set of entries (by one integer key per GPU,
+    or — ``key_limit`` 0 — by unique rows) equal those computed GPU by GPU."""
+    from nereus.cost.memory import gpu_memory_each, gpu_memory_grouped, memory_entries
+
+    s = make_setup(nodes=2, gen_len=512)
+    wf = s.job.workflow
+    stages = []
+    for ms, (tp, pp, dp, offset, rc) in zip(wf.model_stages, layouts, strict=True):
+        c = cand(s, ms.name, tp, pp, dp, 1, rc)
+        stages.append(_placed(c, [(offset + i) % 16 for i in range(c.num_gpus)]))
+    parts = memory_entries(s, ExecutionPlan(tuple(stages)), CALIB)
+    slow = gpu_memory_each(wf, *parts)
+    assert gpu_memory_grouped(wf, *parts, key_limit=key_limit) == slow
+    assert gpu_memory(s, ExecutionPlan(tuple(stages)), CALIB) == slow

@@ -175,7 +175,7 @@ def _mutations(plan: ExecutionPlan, pool: tuple[int, ...], gpn: int) -> list[Exe
 def test_the_array_check_agrees_with_the_rules_one_by_one(data: st.DataObject) -> None:
     """placement_errors' array check (the search's hot path at thousands of GPUs) passes a plan
     only where the rule-by-rule loop finds nothing, and passes every plan the placement makes."""
-    from nereus.plan.assign import _placement_loop, _placement_ok
+    from nereus.plan.assign import placement_ok, placement_rule_errors
 
     setup = data.draw(setups(max_nodes=4, gpus_per_node=(1, 2, 3, 4, 8), max_batch=16,
                              memory_factors=(3.0, 8.0)))
@@ -190,11 +190,11 @@ def test_the_array_check_agrees_with_the_rules_one_by_one(data: st.DataObject) -
     assert choice is not None
     plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool)
     gpn, wf = setup.cluster.gpus_per_node, setup.job.workflow
-    assert _placement_ok(gpn, plan, pool, wf) and _placement_loop(gpn, plan, pool, wf) == []
+    assert placement_ok(gpn, plan, pool, wf) and placement_rule_errors(gpn, plan, pool, wf) == []
     broken = 0
     for bad in _mutations(plan, tuple(pool), gpn):
-        loop = _placement_loop(gpn, bad, pool, wf)
-        assert not (_placement_ok(gpn, bad, pool, wf) and loop), loop  # never passes a broken one
+        loop = placement_rule_errors(gpn, bad, pool, wf)
+        assert not (placement_ok(gpn, bad, pool, wf) and loop), loop  # never passes a broken one
         assert placement_errors(setup, bad, pool) == loop
         broken += bool(loop)
     assert broken > 0 or not _mutations(plan, tuple(pool), gpn)
