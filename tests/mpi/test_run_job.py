@@ -220,11 +220,12 @@ def test_the_readme_main_job_as_written(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # five runs of 4 ranks: ~3 min on 2 idle cores, more when shared
+@pytest.mark.timeout(1500)  # five runs of 4 ranks, one of 5: ~4 min on 2 idle cores
 def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: Path) -> None:
     """Baseline: 2 nodes x 2 ranks, the initial plan kept. Forced: a TP change of actor-gen after
     step 0 and TP→DP changes of both trainers after step 1. Removal: 4 nodes x 1 rank, node 3
-    leaves after step 0 (urgent DP scale-down). Same seed → same samples, rewards, losses and
+    leaves after step 0 (urgent DP scale-down). Async removal: 5 nodes x 1 rank, node 0 leaves
+    with actor-gen's only replica (rebuilt from actor-train). Same seed → same samples, rewards, losses and
     final parameters up to reduction order: fp32, a different TP splits GEMM sums and a different
     DP sums gradients in another order (relative differences ~1e-7 per op), hence rel 1e-4 on
     losses; sampled tokens (and so rewards and lengths) are identical. Parameters: relative
@@ -244,6 +245,10 @@ def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: P
         "async-forced": (two_by_two, "{steps: 3, save_state: %s, force_transitions: ["
                          "{at_step: 0, layouts: {actor-train: [1, 1]}}, "
                          "{at_step: 1, layouts: {critic-train: [2, 1]}}]}"),
+        # async on 5 single-GPU nodes puts actor-gen alone on node 0 and actor-train on 1-2:
+        # node 0 leaving takes actor-gen's only replica, rebuilt from actor-train after the DAG
+        "async-removal": ("cluster: {nodes: 5, gpus_per_node: 1",
+                          "{steps: 3, save_state: %s, events: [{at_step: 0, remove_node: 0}]}"),
     }
     out = {}
     for name, (cluster, runtime) in runs.items():
@@ -273,7 +278,13 @@ def test_forced_transitions_and_node_removal_keep_training_semantics(tmp_path: P
     ), removal
     assert out["async-forced"]["transitions"] == 2, out["async-forced"]["plans"]
     assert len(set(out["async-forced"]["plans"])) == 3
-    for base, name in (("base", "forced"), ("base", "removal"), ("async-base", "async-forced")):
+    # A frozen copy that lost every replica while its source kept one: the DAG of the others,
+    # then actor-gen built and filled by the weight sync from actor-train's new units.
+    (rebuild,) = read_run_log(tmp_path / "async-removal.h5").tables["transitions"]["dag"]
+    assert rebuild["executor"] == "dag" and "actor-gen lost every replica: rebuilt" in (
+        rebuild["reason"]), rebuild
+    for base, name in (("base", "forced"), ("base", "removal"), ("async-base", "async-forced"),
+                       ("async-base", "async-removal")):
         _assert_same_training(tmp_path, out, base, name)
     assert b["losses"][0] != b["losses"][2]  # training moved the models
     _assert_async_is_one_step_off_policy(b, out["async-base"])
