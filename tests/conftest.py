@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.failure_runs import six_rank_reference  # noqa: F401  (session fixture)
+from support.run_jobs import grpo_two_rank_base  # noqa: F401  (session fixture)
 from support.slurm_fixture import slurm_cluster  # noqa: F401  (session fixture: local 3-node Slurm)
 
 TESTS = Path(__file__).resolve().parent

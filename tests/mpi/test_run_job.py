@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.run_jobs import SMALL, nereus, write_job
+from support.run_jobs import GRPO_2_RANKS, GRPO_2_RANKS_BASE, SMALL, nereus, write_job
 
 pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None,
                                 reason="needs mpiexec (the mpi extra)")
@@ -345,7 +345,7 @@ cluster: {nodes: 1, gpus_per_node: GPUS, gpu: cpu, memory_per_gpu_gb: 0.5}
 @pytest.mark.timeout(1200)  # four runs of 2 and 4 ranks
 @pytest.mark.parametrize(("algo", "n"), [("grpo", 2), ("remax", 1)])
 def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
-        tmp_path: Path, algo: str, n: int) -> None:
+        tmp_path: Path, algo: str, n: int, request: pytest.FixtureRequest) -> None:
     """GRPO (group of 2) and ReMax (greedy baseline). Sync on 2 ranks: actor-train and
     actor-gen switch between tp=2 and dp=2 after step 0. Async on 4 ranks (actor-gen needs GPUs
     of its own beside the inference lane): actor-gen goes to tp=2 after step 0, actor-train to
@@ -353,10 +353,14 @@ def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
     tolerances as the PPO test. The reward is the reward model's score: the task reward of an
     untrained tiny-gpt (128-token vocabulary, 5 of them letters) is 0 almost everywhere, which
     makes advantages 0 and lets Adam blow reduction-order noise (~1e-11 gradients) up to full
-    lr-sized steps — a degenerate case, not a semantics check."""
+    lr-sized steps — a degenerate case, not a semantics check. GRPO's sync base run is the job
+    of test_engines_pipeline_run.py's base: the session runs it once
+    (support.run_jobs.grpo_two_rank_base)."""
     out: dict[str, dict[str, Any]] = {}
+    npz = {name: tmp_path / f"{name}.npz" for name in ("base", "forced", "async-base",
+                                                        "async-forced")}
     runs = (
-        ("base", "sync", 2, "{steps: 2, adapt: false, reward: model, save_state: %s}"),
+        ("base", "sync", 2, GRPO_2_RANKS_BASE),
         ("forced", "sync", 2, "{steps: 2, adapt: false, reward: model, save_state: %s, "
          "force_transitions: [{at_step: 0, layouts: {actor-train: [TP, 1], actor-gen: [TP, 1]}}]}"),
         ("async-base", "async", 4, "{steps: 3, adapt: false, reward: model, save_state: %s}"),
@@ -368,7 +372,10 @@ def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
         cfg = tmp_path / f"{name}.yaml"
         text = (CRITIC_FREE.replace("ALGO", algo).replace("N", str(n)).replace("MODE", mode)
                 .replace("GPUS", str(gpus)))
-        cfg.write_text(text + "runtime: " + runtime % (tmp_path / f"{name}.npz") + "\n")
+        if name == "base" and text == GRPO_2_RANKS:  # the session's run of this very job
+            out[name], npz[name] = request.getfixturevalue("grpo_two_rank_base")
+            continue
+        cfg.write_text(text + "runtime: " + runtime % npz[name] + "\n")
         if name == "forced":  # the other layout than the baseline's initial one
             tp = 1 if out["base"]["plans"][0].split()[-1].endswith(".2.1") else 2
             cfg.write_text(cfg.read_text().replace("TP", str(tp)))
@@ -385,7 +392,7 @@ def test_critic_free_algorithms_keep_semantics_across_a_forced_transition(
         for lb, lm in zip(b["losses"], m["losses"], strict=True):
             assert set(lb) == {"actor-train"} and lb["actor-train"] != 0.0
             assert lm["actor-train"] == pytest.approx(lb["actor-train"], rel=1e-4, abs=1e-7)
-        xb, xm = np.load(tmp_path / f"{base}.npz"), np.load(tmp_path / f"{name}.npz")
+        xb, xm = np.load(npz[base]), np.load(npz[name])
         diff2 = sum(float(((xm[k].astype(np.float64) - xb[k]) ** 2).sum()) for k in xb.files)
         ref2 = sum(float((xb[k].astype(np.float64) ** 2).sum()) for k in xb.files)
         assert diff2 ** 0.5 <= 1e-4 * ref2 ** 0.5, name
