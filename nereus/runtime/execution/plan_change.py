@@ -17,6 +17,7 @@ instead and every rank takes the in-process gather+reload path
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class PlanChange:
     lost: list[str] = field(default_factory=list)
     transports: dict[str, int] = field(default_factory=dict)  # this rank's transfer groups
     host_bytes: int = 0  # what this rank parked in host memory (a staged change)
+    phases_s: dict[str, float] = field(default_factory=dict)  # this rank's seconds per phase
 
 
 def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist.Store,
@@ -58,14 +60,18 @@ def change_plan(comm: Any, units: PlanUnits, order: PlanChangeOrder, store: dist
     if order.staged is not None:
         return _change_staged(units, order, store, namespace, lr=lr)
     if dag is None:
+        t0 = time.perf_counter()
         globs, counters, lost = gather_state(units, comm, order.pool)
+        t1 = time.perf_counter()
         units.destroy()
         if device is not None:
             device.release_memory()
+        t2 = time.perf_counter()
         new = PlanUnits(setup, target, rank, timeout_s, lr, globs, counters, store, namespace,
                         device=device)
+        phases = {"gather": t1 - t0, "release": t2 - t1, "build": time.perf_counter() - t2}
         return new, PlanChange("gather-reload", state_bytes(globs), order.reason, lost=lost,
-                               transports={"mpi": 1})
+                               transports={"mpi": 1}, phases_s=phases)
     held, kept_dp = units.handover(), units.handover_dp(target)
     units.destroy()  # the changed DP groups; the units' own groups travel with them
     sources = set(dag.source)

@@ -406,8 +406,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
         units, change = change_plan(comm, units, order, store, version, lr=rc.lr)
         ft.due(step, "transition")
         measured = max_over_ranks(comm, time.perf_counter() - t1)
-        # the transfer groups of every rank, by transport
-        transports = summed(frames.allgather(comm, change.transports, "transports"))
+        # the transfer groups of every rank by transport, and each rank's seconds per phase
+        told = frames.allgather(comm, {"t": change.transports, "p": change.phases_s},
+                                "transports")
+        transports = summed([t["t"] for t in told])
+        phases = [t["p"] for t in told]
         if plane.is_root:
             assert recorder is not None and rank_zero is not None
             rank_zero.transition_done(order, measured, change.executor, change.bytes_moved)
@@ -416,7 +419,11 @@ def _run(args: argparse.Namespace, comm: Any, plane: Any, ft: Any, folder: Any,
                                 executor=change.executor, primitives=change.primitives,
                                 dag_detail={"reason": change.reason, "waves": change.waves,
                                             "compilations": order.compilations,
-                                            "transports": transports})
+                                            "transports": transports,
+                                            **({"phases_max_s": {k: max(p.get(k, 0.0)
+                                                                        for p in phases)
+                                                                 for k in phases[0]}}
+                                               if phases and phases[0] else {})})
         step = next_step
     if rc.save_state:
         final, _, _ = gather_state(units, comm, setup.cluster.all_gpus())
