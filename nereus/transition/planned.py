@@ -20,7 +20,12 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from nereus.cost.calibration import Calibration
-from nereus.emu.primitives import StateSizer, model_replicated_sizer, model_state_sizer
+from nereus.emu.primitives import (
+    StateSizer,
+    model_replicated_sizer,
+    model_state_sizer,
+    shard_bytes,
+)
 from nereus.emu.unit import Emu, emus_of_plan
 from nereus.errors import TransitionError
 from nereus.spec.hardware import ClusterSpec
@@ -202,6 +207,37 @@ def stage_states(setup: Setup) -> dict[str, str]:
     return {ms.name: ms.name for ms in setup.job.workflow.model_stages}
 
 
+def device_capacity(setup: Setup) -> int | dict[int, int]:
+    """Device bytes per GPU for the DAG's memory check: one figure, or per GPU on a cluster of
+    several hardware types (each GPU its own type's memory)."""
+    cl = setup.cluster
+    if cl.heterogeneous:
+        return {g: cl.gpu_of(g).memory_bytes for g in cl.all_gpus()}
+    return cl.gpu.memory_bytes
+
+
+def plan_without(plan: ExecutionPlan, names: Collection[str]) -> ExecutionPlan:
+    """``plan`` without the model-stages ``names`` (those a change handles apart from its DAG)."""
+    return ExecutionPlan(tuple(sp for sp in plan.stages if sp.name not in names))
+
+
+def check_target_fits(setup: Setup, target: ExecutionPlan,
+                      capacity: int | Mapping[int, int]) -> None:
+    """TransitionError when the target's units alone (their state, the end of any change)
+    exceed some GPU's ``capacity``."""
+    sizer, replicated = job_sizers(setup.job)
+    final: dict[int, int] = {}
+    for v in emus_of_plan(target, stage_states(setup)):
+        b = shard_bytes(sizer(v.model_stage), v.layout, replicated(v.model_stage))
+        for g in v.gpus:
+            final[g] = final.get(g, 0) + b
+    over = [g for g, b in sorted(final.items())
+            if b > (capacity if isinstance(capacity, int) else capacity[g])]
+    if over:
+        raise TransitionError(f"the target's units alone exceed GPU {over[0]}'s memory "
+                              f"({final[over[0]]} bytes)")
+
+
 def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
                     pool: Sequence[int] | None = None,
                     calib: Calibration | None = None) -> PlannedTransition:
@@ -218,10 +254,6 @@ def plan_transition(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
                   if not any(alive is None or alive.issuperset(r) for r in sp.replicas))
     if lost:
         raise TransitionError(f"every replica of {', '.join(lost)} was lost")
-    cl = setup.cluster
-    capacity: int | dict[int, int] = cl.gpu.memory_bytes
-    if cl.heterogeneous:  # each GPU its own type's memory
-        capacity = {g: cl.gpu_of(g).memory_bytes for g in cl.all_gpus()}
     return plan_plans(current, target, stage_states(setup), sizer, setup.cluster,
-                      capacity_bytes=capacity, conflicts=wf.concurrent,
+                      capacity_bytes=device_capacity(setup), conflicts=wf.concurrent,
                       replicated=replicated, alive=alive, calib=calib)

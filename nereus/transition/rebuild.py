@@ -38,7 +38,16 @@ from nereus.errors import InfeasiblePlanError, TransitionError
 from nereus.spec.job import Setup
 from nereus.spec.plan import ExecutionPlan
 from nereus.transition.cost import Links, rates
-from nereus.transition.planned import PlannedTransition, job_sizers, plan_plans, stage_states
+from nereus.transition.planned import (
+    PlannedTransition,
+    check_target_fits,
+    device_capacity,
+    job_sizers,
+    plan_plans,
+    plan_without,
+    stage_states,
+)
+from nereus.transition.staged import plan_staged
 
 
 @dataclass(frozen=True)
@@ -60,13 +69,8 @@ def rebuildable(setup: Setup, current: ExecutionPlan, pool: Collection[int] | No
     have = {sp.name: any(alive is None or alive.issuperset(r) for r in sp.replicas)
             for sp in current.stages}
     lost = sorted(n for n, ok in have.items() if not ok)
-    wf = setup.job.workflow
-    copies = [n for n in lost if (src := wf.copy_source(n)) is not None and have.get(src)]
-    return lost, copies
-
-
-def _without(plan: ExecutionPlan, names: Collection[str]) -> ExecutionPlan:
-    return ExecutionPlan(tuple(sp for sp in plan.stages if sp.name not in names))
+    gone = setup.job.workflow.lost_stages(have)  # the rule gather-and-reload's check uses too
+    return lost, [n for n in lost if n not in gone]
 
 
 def _feeds(targets: Sequence[Emu], sources: Sequence[Emu], gpn: int) -> tuple[Emu, ...]:
@@ -128,13 +132,11 @@ def plan_rebuild(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
     sizer, replicated = job_sizers(setup.job)
     states = stage_states(setup)
     alive = None if pool is None else set(pool)
-    cur_rest, tgt_rest = _without(current, copies), _without(target, copies)
+    cur_rest, tgt_rest = plan_without(current, copies), plan_without(target, copies)
     if not tgt_rest.stages:
         raise TransitionError(f"every replica of {', '.join(copies)} was lost with no "
                               "source in the target")
-    capacity: int | dict[int, int] = cl.gpu.memory_bytes
-    if cl.heterogeneous:
-        capacity = {g: cl.gpu_of(g).memory_bytes for g in cl.all_gpus()}
+    capacity = device_capacity(setup)
     try:
         rest = plan_plans(cur_rest, tgt_rest, states, sizer, cl, capacity_bytes=capacity,
                           conflicts=wf.concurrent, replicated=replicated, alive=alive,
@@ -142,8 +144,6 @@ def plan_rebuild(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
     except (TransitionError, InfeasiblePlanError) as e:
         if not staging:
             raise
-        from nereus.transition.staged import plan_staged
-
         rest = plan_staged(setup, cur_rest, tgt_rest, pool, calib, str(e))
     tgt_units = emus_of_plan(target, states)
     rebuilt = []
@@ -157,16 +157,7 @@ def plan_rebuild(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
                                   "place")
         rebuilt.append(CopyRebuild(name, src, targets, _feeds(targets, sources,
                                                                cl.gpus_per_node)))
-    final: dict[int, int] = {}
-    for v in tgt_units:
-        b = shard_bytes(sizer(v.model_stage), v.layout, replicated(v.model_stage))
-        for g in v.gpus:
-            final[g] = final.get(g, 0) + b
-    over = [g for g, b in sorted(final.items())
-            if b > (capacity if isinstance(capacity, int) else capacity[g])]
-    if over:
-        raise TransitionError(f"the target's units alone exceed GPU {over[0]}'s memory "
-                              f"({final[over[0]]} bytes)")
+    check_target_fits(setup, target, capacity)
     return replace(rest, cost_s=rest.cost_s + rebuild_s(setup, rebuilt, calib),
                    rebuilt=tuple(rebuilt))
 

@@ -28,7 +28,7 @@ replays the three legs (the DAG under the scheduler) and gives each GPU's highes
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nereus.cost.calibration import Calibration
@@ -40,7 +40,15 @@ from nereus.spec.plan import ExecutionPlan
 from nereus.transition.cost import rates
 from nereus.transition.dag import TransitionDag
 from nereus.transition.graph import default_stage_rank
-from nereus.transition.planned import PlannedTransition, job_sizers, plan_plans, stage_states
+from nereus.transition.planned import (
+    PlannedTransition,
+    check_target_fits,
+    device_capacity,
+    job_sizers,
+    plan_plans,
+    plan_without,
+    stage_states,
+)
 from nereus.transition.schedule import Scheduler, SimulatedExecutor, drive
 
 
@@ -84,21 +92,6 @@ class StagedTransition:
         return tuple(h.model_stage for h in self.stages)
 
 
-def _without(plan: ExecutionPlan, names: Collection[str]) -> ExecutionPlan:
-    return ExecutionPlan(tuple(sp for sp in plan.stages if sp.name not in names))
-
-
-def _capacity(setup: Setup) -> int | dict[int, int]:
-    cl = setup.cluster
-    if cl.heterogeneous:
-        return {g: cl.gpu_of(g).memory_bytes for g in cl.all_gpus()}
-    return cl.gpu.memory_bytes
-
-
-def _cap_of(capacity: int | Mapping[int, int], g: int) -> int:
-    return capacity if isinstance(capacity, int) else capacity[g]
-
-
 def plan_staged(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
                 pool: Sequence[int] | None = None, calib: Calibration | None = None,
                 reason: str = "") -> PlannedTransition:
@@ -129,7 +122,7 @@ def plan_staged(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
 
     changed.sort(key=pressure)
     cl = setup.cluster
-    capacity = _capacity(setup)
+    capacity = device_capacity(setup)
     last = reason
     for k in range(1, len(changed) + 1):
         names = changed[:k]
@@ -137,7 +130,7 @@ def plan_staged(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
         if stages is None:
             last = host_reason(host)
             continue
-        cur_rest, tgt_rest = _without(current, names), _without(target, names)
+        cur_rest, tgt_rest = plan_without(current, names), plan_without(target, names)
         try:
             if cur_rest.stages:
                 rest = plan_plans(cur_rest, tgt_rest, states, sizer, cl,
@@ -149,15 +142,7 @@ def plan_staged(setup: Setup, current: ExecutionPlan, target: ExecutionPlan,
         except TransitionError as e:
             last = str(e)
             continue
-        final: dict[int, int] = {}
-        for v in tgt:
-            b = shard_bytes(sizer(v.model_stage), v.layout, replicated(v.model_stage))
-            for g in v.gpus:
-                final[g] = final.get(g, 0) + b
-        over = [g for g, b in sorted(final.items()) if b > _cap_of(capacity, g)]
-        if over:
-            raise TransitionError(f"the target's units alone exceed GPU {over[0]}'s memory "
-                                  f"({final[over[0]]} bytes)")
+        check_target_fits(setup, target, capacity)
         offload_s, reload_s = _legs_s(setup, stages)
         r = rates(cl, calib)
         cost = rest.cost_s + offload_s + reload_s + len(stages) * (r.setup_s + r.build_s)

@@ -277,14 +277,17 @@ def test_paper_layouts_on_a100() -> None:
     assert peak_gb[(4, 4, 1), 2048] < peak_gb[(4, 2, 2), 2048]
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    layouts=st.lists(
+def _stage_layouts(max_offset: int) -> st.SearchStrategy[list[tuple[int, int, int, int, bool]]]:
+    """(tp, pp, dp, first GPU, recompute) for each of the 6 model-stages of a PPO job."""
+    return st.lists(
         st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
-                  st.integers(0, 8), st.booleans()),
+                  st.integers(0, max_offset), st.booleans()),
         min_size=6, max_size=6,
-    ),
-)
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts=_stage_layouts(8))
 def test_gpu_memory_bounds(layouts: list[tuple[int, int, int, int, bool]]) -> None:
     """Per GPU: at least each co-resident model-stage's own peak, at most all of them summed
     (plus one resharded weight copy each)."""
@@ -328,14 +331,7 @@ def test_breakdown_and_latency_records_round_trip() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    layouts=st.lists(
-        st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
-                  st.integers(0, 15), st.booleans()),
-        min_size=6, max_size=6,
-    ),
-    key_limit=st.sampled_from([2**62, 0]),
-)
+@given(layouts=_stage_layouts(15), key_limit=st.sampled_from([2**62, 0]))
 def test_gpu_memory_groups_gpus_exactly(layouts: list[tuple[int, int, int, int, bool]],
                                         key_limit: int) -> None:
     """The per-GPU peaks computed once per distinct set of entries (by one integer key per GPU,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -10,15 +12,14 @@ from support.plan_cases import CALIB, llama_setup, pools, problem_of, random_fea
 from nereus.errors import InfeasiblePlanError
 from nereus.plan.assign import assign, node_loss_survivors, placement_errors
 from nereus.plan.candidates import level_capacity, node_counts, pool_levels
-from nereus.plan.problem import within_budget
+from nereus.plan.problem import Problem, within_budget
 from nereus.plan.search import search_plan
+from nereus.spec.job import Setup
 from nereus.spec.plan import Candidate, ExecutionPlan, StagePlan
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_every_budget_feasible_choice_is_placed_validly(data: st.DataObject) -> None:
-    """The level condition is sufficient: largest-first placement never fails on it."""
+def _drawn_choice(data: st.DataObject) -> tuple[Setup, tuple[int, ...], Problem, Any]:
+    """A setup, a pool of it and a budget-feasible choice of candidates (assumed to exist)."""
     setup = data.draw(setups(max_nodes=4, gpus_per_node=(1, 2, 3, 4, 8), max_batch=16,
                              memory_factors=(3.0, 8.0)))
     pool = data.draw(pools(setup))
@@ -26,9 +27,17 @@ def test_every_budget_feasible_choice_is_placed_validly(data: st.DataObject) -> 
         problem = problem_of(setup, pool)
     except InfeasiblePlanError:
         assume(False)
-        return
+        raise
     choice = random_feasible_choice(problem, data.draw(st.integers(0, 10**6)))
     assume(choice is not None)
+    return setup, tuple(pool), problem, choice
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_budget_feasible_choice_is_placed_validly(data: st.DataObject) -> None:
+    """The level condition is sufficient: largest-first placement never fails on it."""
+    setup, pool, problem, choice = _drawn_choice(data)
     assert choice is not None and within_budget(problem, choice)
     cands = {n: c.cand for n, c in choice.items()}
     plan = assign(setup, cands, pool)
@@ -177,16 +186,7 @@ def test_the_array_check_agrees_with_the_rules_one_by_one(data: st.DataObject) -
     only where the rule-by-rule loop finds nothing, and passes every plan the placement makes."""
     from nereus.plan.assign import placement_ok, placement_rule_errors
 
-    setup = data.draw(setups(max_nodes=4, gpus_per_node=(1, 2, 3, 4, 8), max_batch=16,
-                             memory_factors=(3.0, 8.0)))
-    pool = data.draw(pools(setup))
-    try:
-        problem = problem_of(setup, pool)
-    except InfeasiblePlanError:
-        assume(False)
-        return
-    choice = random_feasible_choice(problem, data.draw(st.integers(0, 10**6)))
-    assume(choice is not None)
+    setup, pool, _, choice = _drawn_choice(data)
     assert choice is not None
     plan = assign(setup, {n: c.cand for n, c in choice.items()}, pool)
     gpn, wf = setup.cluster.gpus_per_node, setup.job.workflow
